@@ -1,0 +1,68 @@
+# TrainingCXL RTL model. Every target installs what it needs first (make install), so a
+# fresh machine needs nothing but python3, g++ and make.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TCXL := $(VENV)/bin/trainingcxl
+STAMP := $(VENV)/.installed
+# Parallel pytest workers for the simulation tests (2 cores here).
+JOBS ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: install sim unit test verilog lint waves bench stress regmap clean help
+
+help:
+	@echo "make install | test | sim | unit | bench | stress | verilog | lint | waves TEST=<name> | regmap | clean"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@# FST waves need liblz4-dev, faster rebuilds ccache (Debian). Only as root; without
+	@# them the flow still works (VCD waves, plain g++).
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { [ ! -f /usr/include/lz4.h ] || ! command -v ccache >/dev/null; }; then \
+	  echo "installing liblz4-dev ccache (apt)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq liblz4-dev ccache >/dev/null) \
+	    || echo "apt-get failed: continuing with VCD waves and no ccache"; \
+	fi
+	touch $@
+
+# The Verilator regression (cocotb tests through pytest).
+sim: install
+	$(PY) -m pytest -m sim -n $(JOBS) $(PYTEST_ARGS)
+
+# Pure-Python tests (models, generators, checkers).
+unit: install
+	$(PY) -m pytest -m "not sim" $(PYTEST_ARGS)
+
+# Everything CI runs.
+test: install lint
+	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+verilog: install
+	$(TCXL) verilog -o build/verilog
+
+lint: install
+	$(TCXL) lint
+	$(VENV)/bin/ruff check hw sim tools tests
+
+waves: install
+	@test -n "$(TEST)" || { echo "usage: make waves TEST=<cocotb test name>"; exit 2; }
+	$(TCXL) waves $(TEST)
+
+# The main job today: performance figures plus a 20k-transaction stress, JSON in build/.
+bench: install
+	$(TCXL) bench --json build/bench.json
+
+stress: install
+	$(TCXL) stress --channel mem --transactions 20000 --json build/stress.json
+
+regmap: install
+	$(PY) -c "import tools.docs as d; d.update()"
+	@echo "updated docs/registers.md and the README register table"
+
+clean:
+	rm -rf build .pytest_cache

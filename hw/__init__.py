@@ -1,0 +1,1 @@
+"""TrainingCXL device RTL (Amaranth). Synthesizable only: nothing here imports sim/ or tools/."""

@@ -1,0 +1,1 @@
+"""Undo-log checkpoint engine, MLP-log DMA and recovery. Not built yet: issue 5."""

@@ -1,0 +1,1 @@
+"""Pieces shared by every block: CXL message layouts, AXI signatures, stream helpers."""

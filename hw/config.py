@@ -1,0 +1,67 @@
+"""Device configuration: one dataclass that sizes every block (see hw/top.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .common.cxl_mem import LINE_BYTES
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Parameters of one TrainingCxlDevice build.
+
+    channels: AXI4 memory channels (power of two). capacity_bytes: device memory behind
+    them (a power of two; lines interleave across channels). read_ids_per_channel and
+    writes_per_channel: outstanding media reads / writes per channel. input_depth and
+    output_depth: CXL.mem message FIFOs at the link side. clock_mhz: the device clock, used
+    to turn cycle counts into time (it does not change the RTL).
+    """
+    channels: int = 4
+    capacity_bytes: int = 64 << 30          # 4 x 16 GiB: an Alveo U200's four DDR4 channels
+    read_ids_per_channel: int = 64
+    writes_per_channel: int = 32
+    input_depth: int = 4
+    output_depth: int = 4
+    clock_mhz: int = 500
+
+    def __post_init__(self):
+        def pow2(x):
+            return x > 0 and x & (x - 1) == 0
+        if not pow2(self.channels):
+            raise ValueError(f"channels must be a power of two, got {self.channels}")
+        if not pow2(self.capacity_bytes) or self.capacity_bytes < LINE_BYTES * self.channels:
+            raise ValueError(f"capacity_bytes must be a power of two of at least "
+                             f"{LINE_BYTES * self.channels}, got {self.capacity_bytes}")
+        if not 1 <= self.read_ids_per_channel <= 256:
+            raise ValueError("read_ids_per_channel must be 1..256 (8-bit AXI IDs)")
+        if self.writes_per_channel < 1:
+            raise ValueError("writes_per_channel must be at least 1")
+
+    @classmethod
+    def for_simulation(cls, lines_per_channel: int = 65536, **kw) -> "DeviceConfig":
+        """The configuration the Verilator regression uses: the same queues, less memory
+        (the PMEM media model holds every line in simulator memory)."""
+        channels = kw.pop("channels", 4)
+        return cls(channels=channels, capacity_bytes=lines_per_channel * channels * LINE_BYTES,
+                   **kw)
+
+    @property
+    def capacity_lines(self) -> int:
+        return self.capacity_bytes // LINE_BYTES
+
+    @property
+    def addr_bits(self) -> int:
+        """Bits of a device line address."""
+        return (self.capacity_lines - 1).bit_length()
+
+    @property
+    def lines_per_channel(self) -> int:
+        return self.capacity_lines // self.channels
+
+    @property
+    def max_outstanding_reads(self) -> int:
+        return self.channels * self.read_ids_per_channel
+
+    @property
+    def max_outstanding_writes(self) -> int:
+        return self.channels * self.writes_per_channel

@@ -1,0 +1,368 @@
+"""TrainingCXL CSR map: the one definition of the device's MMIO registers.
+
+The CXL.io BAR is 4 KiB (``ADDR_WIDTH`` = 12) of 32-bit registers behind an AXI4-Lite
+subordinate (``hw/cxl_controller/csr.py``, ``CsrBlock``). Everything else is generated from
+the tuple ``REGISTERS`` below: the register file RTL and its port names, the Markdown
+register table, and the Python / C constants for host software (``tools/regmap.py``).
+Do not type offsets or masks anywhere else; import them from here.
+
+Data model
+- ``Field(name, lsb, width, access, reset=0, doc="", sets=())`` and
+  ``Register(name, offset, fields, doc="")``. Bits not covered by a field read as zero and
+  ignore writes. A register whose only field has the register's own name is a
+  *whole-register field* (e.g. ``SCRATCH``).
+- Access kinds (``Access``): RO, RW, RW1C, COUNTER (see the enum), plus CONST, a read-only
+  value fixed in the map (used for ``DEVICE_ID``, so software identifies the device
+  without relying on the top tying a port correctly).
+- ``sets=("STATUS.ERROR", ...)`` on a COUNTER field: every increment of the counter also
+  sets those RW1C bits (in addition to their own ``<name>_set`` input).
+- Interrupt: ``irq`` = OR over (``IRQ_STATUS_REG`` bits AND ``IRQ_ENABLE_REG`` bits), bit by
+  bit; the enable register's fields must mirror the status register's fields.
+
+Port naming (``ports()``; the device top connects by these names): base name = the
+register name lowercased for a whole-register field, else ``<reg>_<field>`` lowercased.
+RO -> ``In(width)`` named base; RW -> ``Out(width)`` named base; RW1C -> ``In(width)`` named
+``<base>_set`` and ``Out(width)`` named base; COUNTER -> ``In(1)`` named ``<base>_inc``;
+CONST -> no port.
+
+Extending: append ``Register`` entries to ``_MAP`` (later issues: command queue, bias);
+``check_map`` runs at import and rejects overlapping fields, duplicate or misaligned
+offsets, offsets outside the BAR and port-name clashes.
+"""
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from types import MappingProxyType, SimpleNamespace
+
+DATA_WIDTH = 32
+ADDR_WIDTH = 12
+BAR_SIZE = 1 << ADDR_WIDTH
+DEVICE_ID_VALUE = 0x5443584C          # "TCXL" in ASCII, most significant byte first
+
+IRQ_STATUS_REG = "STATUS"
+IRQ_ENABLE_REG = "IRQ_ENABLE"
+
+RESERVED_PORT_NAMES = frozenset({"bus", "irq", "clk", "rst"})
+_NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+class Access(enum.Enum):
+    """How software and hardware see a field."""
+    RO = "RO"            # hardware drives the value (CsrBlock input); writes ignored
+    RW = "RW"            # software writes (per byte strobe), hardware reads (CsrBlock output)
+    RW1C = "RW1C"        # status: hardware sets by a one-cycle `_set` pulse, software writes 1 to clear
+    COUNTER = "COUNTER"  # 32-bit saturating event counter; `_inc` pulse adds 1; any write clears
+    CONST = "CONST"      # read-only constant fixed in this map (value = reset); no port
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    lsb: int
+    width: int
+    access: Access
+    reset: int = 0
+    doc: str = ""
+    sets: tuple[str, ...] = ()     # COUNTER only: "REG.FIELD" RW1C bits set by each increment
+
+    def __post_init__(self):
+        object.__setattr__(self, "sets", tuple(self.sets))
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"field name {self.name!r} must be UPPER_SNAKE_CASE")
+        if not isinstance(self.access, Access):
+            raise TypeError(f"field {self.name}: access must be an Access, not {self.access!r}")
+        if self.width < 1 or self.lsb < 0 or self.lsb + self.width > DATA_WIDTH:
+            raise ValueError(f"field {self.name}: bits [{self.msb}:{self.lsb}] outside 32 bits")
+        if not 0 <= self.reset < (1 << self.width):
+            raise ValueError(f"field {self.name}: reset {self.reset:#x} does not fit {self.width} bits")
+        if self.access is Access.COUNTER and (self.lsb, self.width) != (0, DATA_WIDTH):
+            raise ValueError(f"field {self.name}: a COUNTER is a whole 32-bit register")
+        if self.access in (Access.COUNTER, Access.RO) and self.reset:
+            raise ValueError(f"field {self.name}: {self.access.value} fields have no reset value")
+        if self.sets and self.access is not Access.COUNTER:
+            raise ValueError(f"field {self.name}: only COUNTER fields may set status bits")
+
+    @property
+    def msb(self) -> int:
+        return self.lsb + self.width - 1
+
+    @property
+    def mask(self) -> int:
+        """The field's bits in register position."""
+        return ((1 << self.width) - 1) << self.lsb
+
+    @property
+    def bits(self) -> str:
+        return f"[{self.msb}:{self.lsb}]" if self.width > 1 else f"[{self.lsb}]"
+
+
+@dataclass(frozen=True)
+class Register:
+    name: str
+    offset: int
+    fields: tuple[Field, ...]
+    doc: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "fields", tuple(self.fields))
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"register name {self.name!r} must be UPPER_SNAKE_CASE")
+        if self.offset < 0 or self.offset % (DATA_WIDTH // 8):
+            raise ValueError(f"register {self.name}: offset {self.offset:#x} not word aligned")
+        if not self.fields:
+            raise ValueError(f"register {self.name}: no fields")
+        used = 0
+        names = set()
+        for f in self.fields:
+            if f.mask & used:
+                raise ValueError(f"register {self.name}: field {f.name} overlaps another field")
+            if f.name in names:
+                raise ValueError(f"register {self.name}: duplicate field {f.name}")
+            used |= f.mask
+            names.add(f.name)
+        if len(self.fields) > 1 and self.name in names:
+            raise ValueError(f"register {self.name}: a field named like the register must be its only field")
+
+    @property
+    def whole(self) -> bool:
+        """True when the register is one field named like the register."""
+        return len(self.fields) == 1 and self.fields[0].name == self.name
+
+    @property
+    def mask(self) -> int:
+        """Bits implemented by some field."""
+        m = 0
+        for f in self.fields:
+            m |= f.mask
+        return m
+
+    @property
+    def accesses(self) -> tuple[Access, ...]:
+        out = []
+        for f in self.fields:
+            if f.access not in out:
+                out.append(f.access)
+        return tuple(out)
+
+    @property
+    def reset(self) -> int | None:
+        """Value read after reset, or None when a field is hardware-driven (RO)."""
+        if any(f.access is Access.RO for f in self.fields):
+            return None
+        v = 0
+        for f in self.fields:
+            v |= f.reset << f.lsb
+        return v
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"register {self.name} has no field {name!r} "
+                       f"(fields: {', '.join(f.name for f in self.fields)})")
+
+    def port_base(self, fld: Field) -> str:
+        """CsrBlock port base name of field ``fld`` (see module docstring)."""
+        return (self.name if fld.name == self.name else f"{self.name}_{fld.name}").lower()
+
+
+@dataclass(frozen=True)
+class Port:
+    """One CsrBlock port derived from the map. ``direction`` is "in" or "out" (as seen by
+    CsrBlock); ``role`` is "value" (RO input / RW or RW1C output), "set" or "inc"."""
+    name: str
+    direction: str
+    width: int
+    register: Register
+    field: Field
+    role: str
+
+
+def field_ports(reg: Register, fld: Field) -> tuple[Port, ...]:
+    base = reg.port_base(fld)
+    a = fld.access
+    if a is Access.RO:
+        return (Port(base, "in", fld.width, reg, fld, "value"),)
+    if a is Access.RW:
+        return (Port(base, "out", fld.width, reg, fld, "value"),)
+    if a is Access.RW1C:
+        return (Port(base + "_set", "in", fld.width, reg, fld, "set"),
+                Port(base, "out", fld.width, reg, fld, "value"))
+    if a is Access.COUNTER:
+        return (Port(base + "_inc", "in", 1, reg, fld, "inc"),)
+    return ()
+
+
+def ports(registers=None) -> tuple[Port, ...]:
+    """All CsrBlock ports of ``registers`` (default ``REGISTERS``), in map order."""
+    regs = REGISTERS if registers is None else registers
+    return tuple(p for r in regs for f in r.fields for p in field_ports(r, f))
+
+
+def _lookup(registers, name: str) -> Register:
+    for r in registers:
+        if r.name == name:
+            return r
+    raise KeyError(f"no register {name!r}")
+
+
+def resolve_field_ref(registers, ref: str) -> tuple[Register, Field]:
+    """``"REG.FIELD"`` -> (Register, Field)."""
+    reg_name, _, field_name = ref.partition(".")
+    reg = _lookup(registers, reg_name)
+    return reg, reg.field(field_name or reg_name)
+
+
+def check_map(registers, *, addr_width: int = ADDR_WIDTH) -> None:
+    """Raise ValueError when the map is inconsistent (the per-register checks run when a
+    Register is built)."""
+    names, offsets = {}, {}
+    for r in registers:
+        if r.name in names:
+            raise ValueError(f"duplicate register name {r.name}")
+        if r.offset in offsets:
+            raise ValueError(f"registers {offsets[r.offset]} and {r.name} share offset {r.offset:#x}")
+        if r.offset + DATA_WIDTH // 8 > (1 << addr_width):
+            raise ValueError(f"register {r.name}: offset {r.offset:#x} outside the {1 << addr_width}-byte BAR")
+        names[r.name] = r
+        offsets[r.offset] = r.name
+    seen = {}
+    for p in ports(registers):
+        if p.name in RESERVED_PORT_NAMES:
+            raise ValueError(f"port name {p.name} of {p.register.name}.{p.field.name} is reserved")
+        if p.name in seen:
+            raise ValueError(f"port name {p.name} used by {seen[p.name]} and "
+                             f"{p.register.name}.{p.field.name}")
+        seen[p.name] = f"{p.register.name}.{p.field.name}"
+    for r in registers:
+        for f in r.fields:
+            for ref in f.sets:
+                try:
+                    _, target = resolve_field_ref(registers, ref)
+                except KeyError as e:
+                    raise ValueError(f"{r.name}.{f.name} sets unknown {ref}: {e}") from None
+                if target.access is not Access.RW1C or target.width != 1:
+                    raise ValueError(f"{r.name}.{f.name} sets {ref}, which is not a 1-bit RW1C field")
+    if IRQ_STATUS_REG in names or IRQ_ENABLE_REG in names:
+        status, enable = names.get(IRQ_STATUS_REG), names.get(IRQ_ENABLE_REG)
+        if status is None or enable is None:
+            raise ValueError(f"{IRQ_STATUS_REG} and {IRQ_ENABLE_REG} come together")
+        if any(f.access is not Access.RW1C for f in status.fields):
+            raise ValueError(f"{IRQ_STATUS_REG} fields must be RW1C")
+        a = sorted((f.name, f.lsb, f.width) for f in status.fields)
+        b = sorted((f.name, f.lsb, f.width) for f in enable.fields)
+        if a != b or any(f.access is not Access.RW for f in enable.fields):
+            raise ValueError(f"{IRQ_ENABLE_REG} must have RW fields mirroring {IRQ_STATUS_REG}")
+
+
+# --------------------------------------------------------------------------------------
+# The map. Keep offsets ascending; leave gaps for growth within a group.
+
+def _whole(name, offset, access, doc, *, reset=0, sets=()):
+    return Register(name, offset, (Field(name, 0, DATA_WIDTH, access, reset, doc, sets),), doc)
+
+
+_ERR = ("STATUS.ERROR",)
+
+_MAP = (
+    # --- identification and capabilities (0x000-0x01C) ---
+    _whole("DEVICE_ID", 0x000, Access.CONST,
+           'Device identifier, the constant 0x5443584C ("TCXL"), fixed in the CSR map.',
+           reset=DEVICE_ID_VALUE),
+    Register("VERSION", 0x004, (
+        Field("MAJOR", 16, 16, Access.RO, doc="Major version (incompatible register map changes)."),
+        Field("MINOR", 8, 8, Access.RO, doc="Minor version (backward-compatible additions)."),
+        Field("PATCH", 0, 8, Access.RO, doc="Patch level."),
+    ), "Device version, driven by the device top."),
+    Register("CHANNELS", 0x008, (
+        Field("COUNT", 0, 8, Access.RO, doc="Number of memory (media) channels."),
+    ), "Memory channel count."),
+    Register("OUTSTANDING", 0x00C, (
+        Field("READS", 0, 16, Access.RO, doc="Maximum outstanding media reads."),
+        Field("WRITES", 16, 16, Access.RO, doc="Maximum outstanding media writes."),
+    ), "Outstanding media transaction limits."),
+    _whole("CAPACITY_LO", 0x010, Access.RO, "Device memory capacity in bytes, bits 31:0."),
+    _whole("CAPACITY_HI", 0x014, Access.RO, "Device memory capacity in bytes, bits 63:32."),
+    _whole("CLOCK_MHZ", 0x018, Access.RO,
+           "Device clock frequency in MHz (converts cycle counters to time)."),
+    # --- HDM decoder (0x020-0x03C) ---
+    Register("HDM_BASE_LO", 0x020, (
+        Field("ADDR", 6, 26, Access.RW, doc="HDM window base address bits 31:6 (64-byte line aligned; bits 5:0 read 0)."),
+    ), "HDM window base address, low word."),
+    Register("HDM_BASE_HI", 0x024, (
+        Field("ADDR", 0, 20, Access.RW, doc="HDM window base address bits 51:32."),
+    ), "HDM window base address, high word."),
+    Register("HDM_SIZE_LO", 0x028, (
+        Field("SIZE", 6, 26, Access.RW, doc="HDM window size bits 31:6 (bits 5:0 read 0)."),
+    ), "HDM window size in bytes, low word."),
+    Register("HDM_SIZE_HI", 0x02C, (
+        Field("SIZE", 0, 20, Access.RW, doc="HDM window size bits 51:32."),
+    ), "HDM window size in bytes, high word."),
+    Register("HDM_CTRL", 0x030, (
+        Field("ENABLE", 0, 1, Access.RW,
+              doc="Decode CXL.mem in the HDM window. Reset 0: nothing decodes until software "
+                  "commits a window."),
+    ), "HDM decoder control."),
+    # --- status and interrupts (0x040-0x04C) ---
+    Register("STATUS", 0x040, (
+        Field("ERROR", 0, 1, Access.RW1C,
+              doc="Set by any ERR_* counter increment (or status_error_set); write 1 to clear."),
+        Field("POISON", 1, 1, Access.RW1C,
+              doc="Set when poisoned data is received (RwD) or returned (DRS), i.e. by "
+                  "ERR_POISON_WR/ERR_POISON_RD increments (or status_poison_set); write 1 to clear."),
+    ), "Sticky status bits; irq = OR(STATUS & IRQ_ENABLE)."),
+    Register("IRQ_ENABLE", 0x044, (
+        Field("ERROR", 0, 1, Access.RW, doc="Raise irq while STATUS.ERROR is set."),
+        Field("POISON", 1, 1, Access.RW, doc="Raise irq while STATUS.POISON is set."),
+    ), "Interrupt enables, one per STATUS bit."),
+    _whole("SCRATCH", 0x048, Access.RW, "Scratch register for software; no hardware effect."),
+    # --- error counters (0x050-0x07C); each increment sets STATUS.ERROR ---
+    _whole("ERR_OUT_OF_WINDOW_RD", 0x050, Access.COUNTER,
+           "CXL.mem reads outside the HDM window (answered MemData-NXM).", sets=_ERR),
+    _whole("ERR_OUT_OF_WINDOW_WR", 0x054, Access.COUNTER,
+           "CXL.mem writes outside the HDM window (Cmp, no effect).", sets=_ERR),
+    _whole("ERR_UNSUPPORTED_REQ", 0x058, Access.COUNTER,
+           "M2S Req with a reserved or unsupported opcode.", sets=_ERR),
+    _whole("ERR_UNSUPPORTED_RWD", 0x05C, Access.COUNTER,
+           "M2S RwD with a reserved or unsupported opcode.", sets=_ERR),
+    _whole("ERR_UNEXPECTED_FWD", 0x060, Access.COUNTER,
+           "MemRdFwd/MemWrFwd with no device request outstanding.", sets=_ERR),
+    _whole("ERR_POISON_WR", 0x064, Access.COUNTER,
+           "Poisoned RwD received.", sets=_ERR + ("STATUS.POISON",)),
+    _whole("ERR_POISON_RD", 0x068, Access.COUNTER,
+           "Poisoned data returned on DRS.", sets=_ERR + ("STATUS.POISON",)),
+    _whole("ERR_MEDIA", 0x06C, Access.COUNTER,
+           "Media AXI error responses (SLVERR/DECERR).", sets=_ERR),
+    # --- statistics counters (0x080-0x0FC) ---
+    _whole("STAT_RD_LINES", 0x080, Access.COUNTER, "Lines read from media for CXL.mem."),
+    _whole("STAT_WR_LINES", 0x084, Access.COUNTER, "Lines written to media for CXL.mem."),
+    _whole("STAT_SPEC_RD_DROPPED", 0x088, Access.COUNTER, "MemSpecRd requests dropped."),
+    _whole("STAT_INV", 0x08C, Access.COUNTER, "MemInv requests handled."),
+)
+
+check_map(_MAP)
+
+REGISTERS: tuple[Register, ...] = tuple(_MAP)
+"""All registers, in map order (ascending offsets)."""
+
+REG = SimpleNamespace(**{r.name: r.offset for r in REGISTERS})
+"""Register name -> offset, e.g. ``REG.HDM_BASE_LO == 0x20``."""
+
+BY_NAME = MappingProxyType({r.name: r for r in REGISTERS})
+BY_OFFSET = MappingProxyType({r.offset: r for r in REGISTERS})
+
+
+def register(name: str) -> Register:
+    """The register called ``name``."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no register {name!r}") from None
+
+
+def field(reg: Register | str, name: str) -> Field:
+    """Field ``name`` of register ``reg`` (a Register or its name)."""
+    r = register(reg) if isinstance(reg, str) else reg
+    return r.field(name)

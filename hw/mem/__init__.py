@@ -1,0 +1,1 @@
+"""Device memory subsystem: line interleaving over N AXI4 channels to the PMEM media."""

@@ -1,0 +1,52 @@
+"""The device-internal memory port: what a client of the memory subsystem sees.
+
+A client sends ``MemRequest`` beats (one 64-byte line each, read or write, in one stream so
+that their order is the client's program order) and receives ``MemReadResponse`` and
+``MemWriteResponse`` beats. ``ctx`` is opaque to the memory subsystem and comes back
+unchanged with the response, so a client needs no tracking table of its own.
+
+Guarantees of the memory subsystem (hw/mem/interleave.py):
+- A read accepted after a write to the same line returns that write's data (or newer).
+- Writes to one line reach the media in acceptance order.
+- A write response means the line is in the persistence domain (the media's B response).
+- Responses may come back in any order across lines (``ctx`` tells them apart).
+"""
+from amaranth.lib import data
+
+from ..common.cxl_mem import LINE_BITS, LINE_BYTES
+
+
+def mem_request_layout(addr_bits: int, ctx_bits: int) -> data.StructLayout:
+    return data.StructLayout({
+        "write": 1,
+        "addr": addr_bits,           # device line address (byte address >> 6)
+        "strb": LINE_BYTES,          # byte enables, writes only
+        "poison": 1,                 # writes only: store the line poisoned
+        "data": LINE_BITS,           # writes only
+        "ctx": ctx_bits,
+    })
+
+
+def mem_read_response_layout(ctx_bits: int) -> data.StructLayout:
+    return data.StructLayout({
+        "data": LINE_BITS,
+        "poison": 1,                 # the stored line is poisoned
+        "error": 1,                  # the media answered SLVERR/DECERR
+        "ctx": ctx_bits,
+    })
+
+
+def mem_write_response_layout(ctx_bits: int) -> data.StructLayout:
+    return data.StructLayout({
+        "error": 1,
+        "ctx": ctx_bits,
+    })
+
+
+def split_line_address(line: int, channels: int) -> tuple[int, int]:
+    """Device line address -> (channel, channel-local line). Lines interleave round-robin.
+
+    This is the hardware's mapping (hw/mem/interleave.py uses the same bit split); the
+    testbench imports it to find a line in the media models.
+    """
+    return line % channels, line // channels

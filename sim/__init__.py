@@ -1,0 +1,1 @@
+"""Simulation side: BFMs, golden models, protocol checkers and the Verilator runner."""

@@ -1,0 +1,185 @@
+"""CXL.mem protocol monitor: checks 1-4 of docs/cxl-reference.md on every message.
+
+It listens to the host BFM (``on_m2s`` / ``on_s2m``) and keeps, for every request, the set of
+responses the specification allows, written here from cxl-reference §1 "Expected
+responses" (not from the RTL):
+1. Each Req gets its response set with the same Tag and LD-ID: at most one NDR and one DRS;
+   none for MemSpecRd, MemRdFwd, MemWrFwd. Tags may repeat, so requests are matched per
+   (Tag, LD-ID) oldest first, and a response nobody is waiting for is a violation.
+2. Each RwD gets exactly one NDR: Cmp for writes, BI-ConflictAck for BIConflict.
+3. The NDR opcode fits the request: Meta0-State Any -> Cmp-E, Shared -> Cmp-S or Cmp-E,
+   Invalid -> Cmp; MetaField No-Op -> Cmp; MemRdData -> Cmp-S or Cmp-E. Never Cmp-M.
+4. One whole line per DRS; reads outside the HDM window answer a single MemData-NXM whose
+   data is all ones; DRS opcodes are MemData or MemData-NXM only. (Poison propagation is
+   checked by the scoreboard, which knows what was stored.)
+Project-defined answers (README "CXL.mem target"): an unsupported Req or RwD opcode gets
+one NDR Cmp; outside the window MemInv gets Cmp and writes get Cmp.
+
+``finish()`` reports requests still waiting. ``violations`` lists every problem found, with
+the cycle, so a failing test says what went wrong.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from hw.common.cxl_mem import (M2SReqOpcode as Q, M2SRwDOpcode as W, MetaField, MetaValue,
+                               NDROpcode as N, DRSOpcode as D, LINE_BITS)
+
+ALL_ONES = (1 << LINE_BITS) - 1
+# Plain ints for the per-message path (enum attribute access is slow in Python).
+_MS0, _ANY, _SHARED = MetaField.META0_STATE.value, MetaValue.ANY.value, MetaValue.SHARED.value
+_CMP = frozenset({N.CMP.value})
+_CMP_E = frozenset({N.CMP_E.value})
+_CMP_S_OR_E = frozenset({N.CMP_S.value, N.CMP_E.value})
+_ACK = frozenset({N.BI_CONFLICT_ACK.value})
+_READS = (Q.MEM_RD.value, Q.MEM_RD_DATA.value)
+_INVS = (Q.MEM_INV.value, Q.MEM_INV_NT.value)
+_SILENT = (Q.MEM_SPEC_RD.value, Q.MEM_RD_FWD.value, Q.MEM_WR_FWD.value)
+_MEM_DATA, _NXM = D.MEM_DATA.value, D.MEM_DATA_NXM.value
+
+
+@dataclass
+class Pending:
+    seq: int
+    cycle: int
+    kind: str                      # "req" or "rwd"
+    fields: dict
+    ndr_ok: frozenset | None       # allowed NDR opcodes, None = no NDR expected
+    drs_ok: int | None             # expected DRS opcode, None = no DRS expected
+    got_ndr: bool = False
+    got_drs: bool = False
+    responses: list = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return (self.ndr_ok is None or self.got_ndr) and (self.drs_ok is None or self.got_drs)
+
+
+def _meta_cmp(fields) -> frozenset:
+    if fields["meta_field"] == _MS0:
+        mv = fields["meta_value"]
+        if mv == _ANY:
+            return _CMP_E
+        if mv == _SHARED:
+            return _CMP_S_OR_E
+    return _CMP
+
+
+class CxlMemMonitor:
+    def __init__(self, *, capacity_lines: int):
+        self.capacity_lines = capacity_lines
+        self.window = (0, 0, False)          # (base line, size in lines, enabled)
+        self.violations: list[str] = []
+        self.waiting: dict[tuple[int, int], collections.deque[Pending]] = \
+            collections.defaultdict(collections.deque)
+        self.outstanding = 0
+        self.messages = 0
+        # Listeners: on_complete(pending, kind, fields, cycle) for every matched response, and
+        # accepts(pending, drs_fields) to tell apart reads that share a Tag.
+        self.listeners = []
+
+    # ---- configuration the host programmed through CSRs
+    def set_window(self, base_line: int, size_lines: int, enabled: bool) -> None:
+        self.window = (base_line, size_lines, enabled)
+
+    def decodes(self, line: int) -> bool:
+        base, size, enabled = self.window
+        off = line - base
+        return enabled and 0 <= off < size and off < self.capacity_lines
+
+    def _violation(self, cycle: int, text: str) -> None:
+        self.violations.append(f"cycle {cycle}: {text}")
+
+    # ---- expectations
+    def _expect(self, kind: str, f: dict) -> tuple[frozenset | None, int | None]:
+        op = f["opcode"]
+        inside = self.decodes(f["addr"])
+        if kind == "req":
+            if op in _READS:
+                if not inside:
+                    return None, _NXM
+                ndr = _CMP_S_OR_E if op == _READS[1] else _meta_cmp(f)
+                return ndr, _MEM_DATA
+            if op in _INVS:
+                return (_meta_cmp(f) if inside else _CMP), None
+            if op in _SILENT:
+                return None, None
+            return _CMP, None
+        if op == W.BI_CONFLICT.value:
+            return _ACK, None
+        return _CMP, None
+
+    # ---- listener interface (from the host BFM)
+    def on_m2s(self, seq, cycle, kind, fields):
+        self.messages += 1
+        ndr_ok, drs_ok = self._expect(kind, fields)
+        if ndr_ok is None and drs_ok is None:
+            return
+        p = Pending(seq, cycle, kind, fields, ndr_ok, drs_ok)
+        self.waiting[(fields["tag"], fields["ld_id"])].append(p)
+        self.outstanding += 1
+
+    def on_s2m(self, cycle, kind, fields):
+        self.messages += 1
+        key = (fields["tag"], fields["ld_id"])
+        queue = self.waiting.get(key) or ()
+        op = fields["opcode"]
+        # Tags may repeat and responses come in any order, so a response may belong to any
+        # outstanding request with its Tag and LD-ID: take one it fits (for read data, one
+        # whose legal values include it, as the scoreboard judges; for NDRs, the most
+        # constrained), else the oldest one still waiting for this kind of response (and
+        # report the misfit).
+        if kind == "ndr":
+            open_ = [p for p in queue if p.ndr_ok is not None and not p.got_ndr]
+            # Most constrained first: the allowed sets nest ({Cmp-E} within {Cmp-S, Cmp-E}),
+            # so giving a Cmp-E to a request that allows only Cmp-E is never wrong.
+            fits = sorted((p for p in open_ if op in p.ndr_ok), key=lambda p: len(p.ndr_ok))
+        else:
+            open_ = [p for p in queue if p.drs_ok is not None and not p.got_drs]
+            fits = [p for p in open_ if op == p.drs_ok]
+            if len(fits) > 1:
+                fits = ([p for p in fits if all(lst.accepts(p, fields) for lst in self.listeners)]
+                        or fits)
+        match = fits[0] if fits else (open_[0] if open_ else None)
+        if match is None:
+            self._violation(cycle, f"{kind.upper()} opcode {op} answers no outstanding request "
+                                   f"with Tag {key[0]:#x} LD-ID {key[1]}")
+            return
+        if kind == "ndr":
+            match.got_ndr = True
+            if op not in match.ndr_ok:
+                name = N(op).name if op in N._value2member_map_ else op
+                self._violation(cycle, f"NDR opcode {name} does not fit {self._describe(match)}; allowed "
+                                       f"{sorted(N(o).name for o in match.ndr_ok)}")
+        else:
+            match.got_drs = True
+            if op != match.drs_ok:
+                self._violation(cycle, f"DRS opcode {op} for {self._describe(match)}, "
+                                       f"expected {D(match.drs_ok).name}")
+            elif op == _NXM and fields["data"] != ALL_ONES:
+                self._violation(cycle, f"MemData-NXM for {self._describe(match)} "
+                                       f"carries data other than all ones")
+        if match.done:
+            queue.remove(match)
+            self.outstanding -= 1
+        for lst in self.listeners:
+            lst.on_complete(match, kind, fields, cycle)
+
+    def _describe(self, p: Pending) -> str:
+        f = p.fields
+        name = (Q(f["opcode"]).name if p.kind == "req" else
+                W(f["opcode"]).name if f["opcode"] in W._value2member_map_ else
+                f"reserved({f['opcode']:#x})")
+        return (f"{p.kind.upper()} {name} tag {f['tag']:#x} addr {f['addr']:#x} "
+                f"(seq {p.seq}, cycle {p.cycle})")
+
+    def finish(self, cycle: int) -> None:
+        for queue in self.waiting.values():
+            for p in queue:
+                missing = [k for k, want, got in (("NDR", p.ndr_ok, p.got_ndr),
+                                                   ("DRS", p.drs_ok, p.got_drs))
+                           if want is not None and not got]
+                self._violation(cycle, f"{self._describe(p)} never got {'+'.join(missing)}")
+        self.waiting.clear()
+        self.outstanding = 0

@@ -1,0 +1,65 @@
+"""CXL.mem scoreboard: every read's data and poison against the numpy reference memory.
+
+It listens to the host BFM (``on_m2s``) and the protocol monitor (``on_complete``):
+- An RwD MemWr/MemWrPtl accepted inside the HDM window becomes a new version of its line
+  (sim/model/memory.py ``VersionedMemory``), in acceptance order.
+- A DRS MemData for a read must equal (data and poison, bit for bit) one of the versions the
+  read may legally see: the one current when the read was accepted, or one written after it
+  and before the data came back. Anything else is a mismatch, reported with the line, the
+  expected versions and the value seen.
+- A write's Cmp marks it acknowledged: ``acked_seq[line]`` is the newest version the host
+  knows to be durable (used by the power-failure check).
+"""
+from __future__ import annotations
+
+from hw.common.cxl_mem import M2SReqOpcode as Q, M2SRwDOpcode as W, DRSOpcode as D
+from ..model.memory import MemoryModel, VersionedMemory, FULL_STRB
+
+WRITE_OPS = (W.MEM_WR.value, W.MEM_WR_PTL.value)
+
+
+class CxlMemScoreboard:
+    def __init__(self, monitor, model: MemoryModel):
+        self.monitor = monitor
+        self.model = model
+        self.mem = VersionedMemory(model)
+        self.accepted = 0                  # messages accepted so far (the next seq)
+        self.mismatches: list[str] = []
+        self.reads_checked = 0
+        self.acked_seq: dict[int, int] = {}
+
+    def device_line(self, host_line: int) -> int:
+        return host_line - self.monitor.window[0]
+
+    def on_m2s(self, seq, cycle, kind, f):
+        self.accepted = seq + 1
+        if kind == "rwd" and f["opcode"] in WRITE_OPS and self.monitor.decodes(f["addr"]):
+            strb = FULL_STRB if f["opcode"] == W.MEM_WR.value else f["byte_enable"]
+            self.mem.write(seq, self.device_line(f["addr"]), f["data"], strb, bool(f["poison"]))
+
+    def on_s2m(self, cycle, kind, fields):
+        pass
+
+    def _legal(self, pending):
+        line = self.device_line(pending.fields["addr"])
+        return line, self.mem.legal_reads(line, pending.seq, self.accepted)
+
+    def accepts(self, pending, f) -> bool:
+        """Could this DRS be the answer to ``pending``? (reads sharing a Tag)"""
+        return (f["data"], bool(f["poison"])) in self._legal(pending)[1]
+
+    def on_complete(self, pending, kind, f, cycle):
+        if (kind == "drs" and f["opcode"] == D.MEM_DATA.value and pending.kind == "req"
+                and pending.fields["opcode"] in (Q.MEM_RD.value, Q.MEM_RD_DATA.value)):
+            line, legal = self._legal(pending)
+            got = (f["data"], bool(f["poison"]))
+            self.reads_checked += 1
+            if got not in legal:
+                self.mismatches.append(
+                    f"cycle {cycle}: read of line {line:#x} (tag {f['tag']:#x}, seq "
+                    f"{pending.seq}) returned data {got[0]:#0130x} poison {got[1]}; "
+                    f"legal: " + ", ".join(f"{v:#0130x}/poison {p}" for v, p in legal))
+        elif kind == "ndr" and pending.kind == "rwd" and pending.fields["opcode"] in WRITE_OPS \
+                and self.monitor.decodes(pending.fields["addr"]):
+            line = self.device_line(pending.fields["addr"])
+            self.acked_seq[line] = max(self.acked_seq.get(line, -1), pending.seq)

@@ -1,0 +1,82 @@
+"""The Verilator top: TrainingCxlDevice plus one PMEM media model per memory channel.
+
+``DeviceHarness(config, timing)`` is an Amaranth component whose ports are the device's
+CXL.mem streams, its CSR AXI4-Lite port and irq, plus ``power_fail`` and ``tear_seed`` for
+the media (sim/rtl/pmem_media.sv). The media are instances ``media0``..``media{N-1}``
+(their arrays are reachable by VPI for the backdoor); the device is instance ``device``.
+``build_harness(config)`` writes the Verilog and compiles it once per configuration.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+
+from amaranth import Module, Instance, ClockSignal
+from amaranth.back import verilog
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.config import DeviceConfig
+from hw.top import TrainingCxlDevice
+from .model.pmem_params import media_verilog_parameters
+from . import runner
+
+TOPLEVEL = "tcxl_harness"
+MEDIA_SV = pathlib.Path(__file__).resolve().parent / "rtl" / "pmem_media.sv"
+MEDIA_VLT = MEDIA_SV.with_name("harness.vlt")
+
+
+class DeviceHarness(wiring.Component):
+    def __init__(self, config: DeviceConfig):
+        self.config = config
+        self.device = TrainingCxlDevice(config)
+        dev_sig = self.device.signature.members
+        super().__init__({
+            **{name: dev_sig[name] for name in ("m2s_req", "m2s_rwd", "s2m_ndr", "s2m_drs",
+                                                "csr", "irq")},
+            "power_fail": In(1),
+            "tear_seed": In(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        m.submodules.device = dev = self.device
+        for name in ("m2s_req", "m2s_rwd", "csr"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(dev, name))
+        for name in ("s2m_ndr", "s2m_drs"):
+            wiring.connect(m, getattr(dev, name), wiring.flipped(getattr(self, name)))
+        m.d.comb += self.irq.eq(dev.irq)
+        params = media_verilog_parameters(
+            cfg.clock_mhz, depth_lines=cfg.lines_per_channel,
+            id_width=len(dev.pmem0.arid), addr_width=len(dev.pmem0.araddr))
+        for c in range(cfg.channels):
+            axi = getattr(dev, f"pmem{c}")
+            ports = {}
+            for pname, member in axi.signature.members.items():
+                direction = "i" if member.flow == Out else "o"   # manager Out -> media input
+                ports[f"{direction}_{pname}"] = getattr(axi, pname)
+            m.submodules[f"media{c}"] = Instance(
+                "pmem_media",
+                **{f"p_{k}": v for k, v in params.items()},
+                i_clk=ClockSignal(), i_power_fail=self.power_fail, i_tear_seed=self.tear_seed,
+                **ports)
+        return m
+
+
+def config_key(config: DeviceConfig) -> str:
+    blob = json.dumps(config.__dict__, sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+
+def build_harness(config: DeviceConfig) -> pathlib.Path:
+    """Generate and compile the harness for ``config``; returns the build folder."""
+    name = f"harness-{config_key(config)}"
+    vdir = runner.BUILD / "sim" / "src" / name
+    vdir.mkdir(parents=True, exist_ok=True)
+    vfile = vdir / f"{TOPLEVEL}.v"
+    text = verilog.convert(DeviceHarness(config), name=TOPLEVEL, emit_src=False)
+    if not vfile.exists() or vfile.read_text() != text:     # keep mtime: no needless rebuild
+        vfile.write_text(text)
+    return runner.build(name, [vfile, MEDIA_SV, MEDIA_VLT], TOPLEVEL)

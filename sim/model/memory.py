@@ -1,0 +1,127 @@
+"""Reference model of device memory: the scoreboard's expectation (numpy).
+
+``MemoryModel`` holds the durable image (lines x 64 bytes, uint8) plus a poison bit per line,
+and applies writes with byte enables and the poison rule of the PMEM media:
+a poisoned write poisons the line; a full-line (all 64 bytes) clean write clears the poison;
+a partial clean write leaves it.
+
+``VersionedMemory`` adds what concurrency needs: for every line the sequence of versions
+written (in acceptance order at the CXL port), so a read can be checked against exactly the
+values it may legally return: the version current when the read was accepted, or any later
+one written before the read completed (Req and RwD are unordered in CXL; a later write may
+overtake an earlier read at the media).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+LINE = 64
+FULL_STRB = (1 << LINE) - 1
+
+
+def strb_to_mask(strb: int) -> np.ndarray:
+    """64-bit byte-enable -> bool[64], byte 0 first."""
+    return ((strb >> np.arange(LINE, dtype=np.uint64)) & 1).astype(bool) if strb != FULL_STRB \
+        else np.ones(LINE, dtype=bool)
+
+
+def int_to_line(value: int) -> np.ndarray:
+    return np.frombuffer(value.to_bytes(LINE, "little"), dtype=np.uint8).copy()
+
+
+def line_to_int(line: np.ndarray) -> int:
+    return int.from_bytes(line.tobytes(), "little")
+
+
+def merge_line(old: int, new: int, strb: int) -> int:
+    """Bytes of ``new`` where ``strb`` is set, else bytes of ``old`` (512-bit ints)."""
+    if strb == FULL_STRB:
+        return new
+    mask = int.from_bytes(bytes(0xFF if (strb >> i) & 1 else 0 for i in range(LINE)), "little")
+    return (old & ~mask) | (new & mask)
+
+
+def next_poison(old: bool, poison: bool, strb: int) -> bool:
+    if poison:
+        return True
+    return False if strb == FULL_STRB else old
+
+
+class MemoryModel:
+    def __init__(self, lines: int):
+        self.lines = lines
+        self.image = np.zeros((lines, LINE), dtype=np.uint8)
+        self.poison = np.zeros(lines, dtype=bool)
+
+    def read(self, line: int) -> tuple[int, bool]:
+        return line_to_int(self.image[line]), bool(self.poison[line])
+
+    def write(self, line: int, value: int, strb: int = FULL_STRB, poison: bool = False):
+        old, old_poison = self.read(line)
+        self.image[line] = int_to_line(merge_line(old, value, strb))
+        self.poison[line] = next_poison(old_poison, poison, strb)
+
+
+class Version(tuple):
+    """One version of a line: the line after a write, and the write itself."""
+    __slots__ = ()
+    seq = property(lambda self: self[0])
+    value = property(lambda self: self[1])
+    poison = property(lambda self: self[2])
+    data = property(lambda self: self[3])       # the write's data and byte enables
+    strb = property(lambda self: self[4])
+
+
+def word_outcomes(base: int, writes: list[tuple[int, int]], word: int) -> set[int]:
+    """Possible values of 8-byte ``word`` after ``writes`` [(data, strb)] were in flight at a
+    power failure on top of ``base``: each write, in order, lands in that word or not
+    (architecture.md §6: a write in flight is torn at 8-byte granularity)."""
+    shift = 64 * word
+    mask64 = (1 << 64) - 1
+    outcomes = {(base >> shift) & mask64}
+    for data, strb in writes:
+        bytes_strb = (strb >> (8 * word)) & 0xFF
+        if not bytes_strb:
+            continue
+        bmask = int.from_bytes(bytes(0xFF if (bytes_strb >> i) & 1 else 0 for i in range(8)),
+                               "little")
+        new = (data >> shift) & bmask
+        outcomes |= {(o & ~bmask) | new for o in outcomes}
+    return outcomes
+
+
+class VersionedMemory:
+    """Versions per line (``Version``), seq = acceptance order at the port.
+
+    The first write to a line records the line's earlier value as version ``seq = -1``.
+    """
+
+    def __init__(self, base: MemoryModel):
+        self.base = base
+        self.versions: dict[int, list[tuple[int, int, bool]]] = {}
+
+    def write(self, seq: int, line: int, value: int, strb: int, poison: bool) -> None:
+        hist = self.versions.get(line)
+        if hist is None:
+            old, old_poison = self.base.read(line)
+            hist = self.versions[line] = [Version((-1, old, old_poison, old, FULL_STRB))]
+        _, old, old_poison = hist[-1][:3]
+        new_value = merge_line(old, value, strb)
+        new_poison = next_poison(old_poison, poison, strb)
+        hist.append(Version((seq, new_value, new_poison, value, strb)))
+        self.base.write(line, new_value, poison=new_poison)   # the image: newest version
+
+    def legal_reads(self, line: int, accepted_seq: int, completed_seq: int):
+        """Values a read accepted as message ``accepted_seq`` and answered when
+        ``completed_seq`` messages had been accepted may return: the version current at
+        acceptance and any version written after it and before completion."""
+        hist = self.versions.get(line)
+        if hist is None:
+            return [self.base.read(line)]
+        legal = []
+        for seq, value, poison, _, _ in hist:
+            if seq < accepted_seq:
+                legal = [(value, poison)]
+            elif seq < completed_seq:
+                legal.append((value, poison))
+        return legal

@@ -1,0 +1,41 @@
+"""Shared fixtures: the Verilator harness is built once per session and per configuration."""
+import json
+import sys
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sim import runner  # noqa: E402
+
+runner.setup_path()
+
+
+@pytest.fixture(scope="session")
+def sim_config():
+    from hw.config import DeviceConfig
+    return DeviceConfig.for_simulation()
+
+
+@pytest.fixture(scope="session")
+def harness(sim_config, tmp_path_factory):
+    """(build_dir, env) for the device harness in the simulation configuration."""
+    from sim.harness import build_harness, TOPLEVEL
+    # With pytest-xdist each worker would build; one takes a lock and the others reuse.
+    lock = runner.BUILD / "sim" / ".harness.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    import fcntl
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        bdir = build_harness(sim_config)
+    env = {"TCXL_CONFIG": json.dumps(sim_config.__dict__)}
+    return bdir, TOPLEVEL, env
+
+
+def run_cocotb(harness, module, testcase, **extra_env):
+    bdir, top, env = harness
+    return runner.run(bdir, top, module, testcase, env={**env, **{k: str(v) for k, v in
+                                                               extra_env.items()}})

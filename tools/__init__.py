@@ -1,0 +1,1 @@
+"""TrainingCXL tools: generators and the command line."""
