@@ -103,6 +103,8 @@ class DeviceEnv:
         # Poll with a Timer: ClockCycles would wake Python at every one of the edges.
         poll = 32
         for _ in range(timeout_cycles // poll):
+            if self.host.error is not None:
+                raise self.host.error
             if self.host.pending == 0 and self.monitor.outstanding == 0:
                 return
             await Timer(poll * CLOCK_PERIOD_NS, unit="ns")

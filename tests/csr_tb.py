@@ -24,6 +24,7 @@ from hw.cxl_controller.csr_map import REG, Access
 COUNTER_WIDTH = int(os.environ.get("CSR_COUNTER_WIDTH", "32"))
 STRICT_ALIGN = os.environ.get("CSR_STRICT_ALIGN", "0") == "1"
 OKAY, DECERR = int(AxiResp.OKAY), int(AxiResp.DECERR)
+LIMIT = dict(timeout_time=2, timeout_unit="ms")     # a deadlocked bus fails, not hangs
 
 PORTS = csr_map.ports()
 IN_PORTS = [p for p in PORTS if p.direction == "in"]
@@ -252,7 +253,7 @@ async def raw_read(dut, addr, stall=0):
 
 
 # ------------------------------------------------------------------------------ tests
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_reset_values(dut):
     """Every register reads its reset value (RO ports held at 0); outputs at reset."""
     axi, model = await setup(dut)
@@ -266,7 +267,7 @@ async def test_reset_values(dut):
     assert int(dut.hdm_ctrl_enable.value) == 0 and int(dut.irq.value) == 0
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_rw_strobes(dut):
     """RW registers: full writes, every single-lane and mixed strobe pattern (raw bus),
     unimplemented bits read 0, output ports follow; then a reset restores reset values."""
@@ -304,7 +305,7 @@ async def test_rw_strobes(dut):
     assert (await raw_read(dut, REG.SCRATCH))[1] == 0
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_ro_ports(dut):
     """RO registers show their input ports; writes to RO/CONST registers are ignored."""
     axi, model = await setup(dut)
@@ -331,7 +332,7 @@ async def test_ro_ports(dut):
     await check_all_registers(axi, model, "after writes to RO")
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_rw1c_and_irq(dut):
     """STATUS bits: set by pulse, by linked counters; cleared by write-1 only under a set
     strobe; set wins over a same-cycle clear; irq = OR(STATUS & IRQ_ENABLE)."""
@@ -387,7 +388,7 @@ async def test_rw1c_and_irq(dut):
     await check_all_registers(axi, model, "rw1c end")
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_rw1c_strobe_and_set_priority(dut):
     """Raw bus: WDATA=1 under a clear strobe does not clear; a _set pulse in the commit
     cycle of a clearing write wins."""
@@ -408,7 +409,7 @@ async def test_rw1c_strobe_and_set_priority(dut):
     assert (await raw_read(dut, REG.STATUS))[1] == 0b01, "same-cycle set must win over clear"
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_counters(dut):
     """Counters count pulses, clear on write (any strobe), keep on WSTRB=0, and a clear
     with an increment in the same cycle gives 1."""
@@ -439,7 +440,7 @@ async def test_counters(dut):
     await check_all_registers(axi, model, "after clears")
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_counter_clear_and_inc_same_cycle(dut):
     """Raw bus: WSTRB=0 does not clear; clear + increment in the commit cycle gives 1."""
     _, model = await setup(dut, master=False)
@@ -457,7 +458,7 @@ async def test_counter_clear_and_inc_same_cycle(dut):
     assert (await raw_read(dut, off))[1] == 1, "clear + increment in one cycle must give 1"
 
 
-@cocotb.test(skip=COUNTER_WIDTH > 16)
+@cocotb.test(skip=COUNTER_WIDTH > 16, **LIMIT)
 async def test_counter_saturation(dut):
     """Counters stop at 2**counter_width-1 (build with a small CSR_COUNTER_WIDTH)."""
     axi, model = await setup(dut)
@@ -473,7 +474,7 @@ async def test_counter_saturation(dut):
     assert (await rd(axi, REG.STAT_INV))[0] == 1
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_unmapped_decerr(dut):
     """Unmapped reads: data 0, DECERR; unmapped writes: DECERR, no register changes."""
     axi, model = await setup(dut)
@@ -489,7 +490,7 @@ async def test_unmapped_decerr(dut):
     await check_outputs(dut, model, "after unmapped writes")
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_narrow_and_misaligned(dut):
     """Byte/halfword accesses with an unaligned AxADDR (as cocotbext-axi issues them):
     served on the word's lanes, or DECERR with data 0 when built with strict_align."""
@@ -509,7 +510,7 @@ async def test_narrow_and_misaligned(dut):
     await check_outputs(dut, model, "after narrow accesses")
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_channel_order_latency_backpressure(dut):
     """Raw bus: W before AW, AW before W, both together; documented latencies; B and R
     held under backpressure (the monitor checks they stay stable)."""
@@ -557,7 +558,7 @@ async def test_channel_order_latency_backpressure(dut):
     assert (await raw_read(dut, REG.SCRATCH))[1] == 0x11111111
 
 
-@cocotb.test()
+@cocotb.test(**LIMIT)
 async def test_random_against_model(dut):
     """Random reads, writes (any lanes, mapped or not), events and RO values vs the model."""
     axi, model = await setup(dut)

@@ -289,7 +289,8 @@ _MAP = (
            "Device clock frequency in MHz (converts cycle counters to time)."),
     # --- HDM decoder (0x020-0x03C) ---
     Register("HDM_BASE_LO", 0x020, (
-        Field("ADDR", 6, 26, Access.RW, doc="HDM window base address bits 31:6 (64-byte line aligned; bits 5:0 read 0)."),
+        Field("ADDR", 6, 26, Access.RW,
+              doc="HDM window base address bits 31:6 (64-byte line aligned; bits 5:0 read 0)."),
     ), "HDM window base address, low word."),
     Register("HDM_BASE_HI", 0x024, (
         Field("ADDR", 0, 20, Access.RW, doc="HDM window base address bits 51:32."),

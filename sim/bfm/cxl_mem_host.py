@@ -60,6 +60,17 @@ class CxlMemHost:
         self._task = None
         self._cbhdl = None
         self._running = False
+        self.error: Exception | None = None    # raised by the step; re-raised by the env
+        s = self._sig
+        self._h_req_ready = s["m2s_req__ready"]
+        self._h_rwd_ready = s["m2s_rwd__ready"]
+        self._h_ndr_valid = s["s2m_ndr__valid"]
+        self._h_drs_valid = s["s2m_drs__valid"]
+        self._h_drs_payload = s["s2m_drs__payload"]
+        # An NDR fits in 32 bits: read it as an integer, not as a bit string.
+        ndr_payload = s["s2m_ndr__payload"]
+        self._read_ndr = (ndr_payload.get_signal_val_long if NDR.width <= 32 else
+                          lambda: int(ndr_payload.get_signal_val_binstr(), 2))
         self._req_fmt = f"0{REQ.width}b"
         self._rwd_fmt = f"0{RWD.width}b"
         self.enabled = True
@@ -121,7 +132,12 @@ class CxlMemHost:
         self._cbhdl = None
         if not self._running:
             return
-        self._step()
+        try:
+            self._step()
+        except Exception as exc:          # a checker or BFM bug: stop, and let the test see it
+            self.error = exc
+            self._running = False
+            return
         self._register()
 
     async def _run_coroutine(self):
@@ -131,36 +147,34 @@ class CxlMemHost:
             self._step()
 
     def _step(self):
-        s = self._sig
         self.cycle += 1
         cycle = self.cycle
         listeners = self.listeners
         # -- transfers at this edge (values seen at the edge are the pre-edge ones)
-        if self._driven_req is not None and s["m2s_req__ready"].get_signal_val_long():
-            word = self._req_q.popleft()
+        if self._driven_req is not None and self._h_req_ready.get_signal_val_long():
+            fields = REQ.unpack(self._req_q.popleft())
             self._driven_req = None
-            fields = REQ.unpack(word)
             for lst in listeners:
                 lst.on_m2s(self.seq, cycle, "req", fields)
             self.seq += 1
-        if self._driven_rwd is not None and s["m2s_rwd__ready"].get_signal_val_long():
-            word = self._rwd_q.popleft()
+        if self._driven_rwd is not None and self._h_rwd_ready.get_signal_val_long():
+            fields = RWD.unpack(self._rwd_q.popleft())
             self._driven_rwd = None
-            fields = RWD.unpack(word)
             for lst in listeners:
                 lst.on_m2s(self.seq, cycle, "rwd", fields)
             self.seq += 1
-        if self._ndr_ready and s["s2m_ndr__valid"].get_signal_val_long():
-            fields = NDR.unpack(int(s["s2m_ndr__payload"].get_signal_val_binstr(), 2))
+        if self._ndr_ready and self._h_ndr_valid.get_signal_val_long():
+            fields = NDR.unpack(self._read_ndr())
             for lst in listeners:
                 lst.on_s2m(cycle, "ndr", fields)
-        if self._drs_ready and s["s2m_drs__valid"].get_signal_val_long():
-            fields = DRS.unpack(int(s["s2m_drs__payload"].get_signal_val_binstr(), 2))
+        if self._drs_ready and self._h_drs_valid.get_signal_val_long():
+            fields = DRS.unpack(int(self._h_drs_payload.get_signal_val_binstr(), 2))
             for lst in listeners:
                 lst.on_s2m(cycle, "drs", fields)
         if not self.enabled:
             return
         # -- drive the next cycle
+        s = self._sig
         if self._driven_req is None:
             if self._req_q:
                 self._driven_req = self._req_q[0]

@@ -123,7 +123,7 @@ module pmem_media #(
     logic [LINE_W-1:0] wq_line [WR_QUEUE];
     logic              wq_err  [WR_QUEUE];
     logic [511:0]      wq_mask [WR_QUEUE];  // wstrb expanded to bits
-    logic [511:0]      wq_data [WR_QUEUE];  // wdata & mask
+    logic [511:0]      wq_data [WR_QUEUE];  // wdata (only bytes under wq_mask are used)
     logic              wq_full [WR_QUEUE];  // all 64 strobes set
     logic              wq_user [WR_QUEUE];  // poison
     logic [63:0]       wq_due  [WR_QUEUE];
@@ -201,7 +201,7 @@ module pmem_media #(
                     x = xorshift32(x);
                     if (x[31] && wq_line[s] == line)
                         v[w*64 +: 64] = (v[w*64 +: 64] & ~wq_mask[s][w*64 +: 64])
-                                        | wq_data[s][w*64 +: 64];
+                                        | (wq_data[s][w*64 +: 64] & wq_mask[s][w*64 +: 64]);
                 end
             end
         end
@@ -290,7 +290,7 @@ module pmem_media #(
                 wq_line[wq_tail] <= LINE_W'(awaddr[ADDR_W-1:6]);
                 wq_err[wq_tail] <= aw_bad;
                 wq_mask[wq_tail] <= strobe_mask(wstrb);
-                wq_data[wq_tail] <= wdata & strobe_mask(wstrb);
+                wq_data[wq_tail] <= wdata;
                 wq_full[wq_tail] <= &wstrb;
                 wq_user[wq_tail] <= wuser;
                 wq_tail <= wq_next(wq_tail);
@@ -337,7 +337,7 @@ module pmem_media #(
             if (b_fire) begin
                 if (!head_wr_err) begin
                     mem[wq_line[wq_head]] <= (mem[wq_line[wq_head]] & ~wq_mask[wq_head])
-                                             | wq_data[wq_head];
+                                             | (wq_data[wq_head] & wq_mask[wq_head]);
                     if (wq_user[wq_head]) poison[wq_line[wq_head]] <= 1'b1;
                     else if (wq_full[wq_head]) poison[wq_line[wq_head]] <= 1'b0;
                     stat_writes <= stat_writes + 32'd1;
