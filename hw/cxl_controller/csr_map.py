@@ -321,9 +321,10 @@ _MAP = (
     _whole("SCRATCH", 0x048, Access.RW, "Scratch register for software; no hardware effect."),
     # --- error counters (0x050-0x07C); each increment sets STATUS.ERROR ---
     _whole("ERR_OUT_OF_WINDOW_RD", 0x050, Access.COUNTER,
-           "CXL.mem reads outside the HDM window (answered MemData-NXM).", sets=_ERR),
+           "M2S Req outside the HDM window: reads answered MemData-NXM, MemInv Cmp.",
+           sets=_ERR),
     _whole("ERR_OUT_OF_WINDOW_WR", 0x054, Access.COUNTER,
-           "CXL.mem writes outside the HDM window (Cmp, no effect).", sets=_ERR),
+           "M2S RwD writes outside the HDM window (Cmp, no effect).", sets=_ERR),
     _whole("ERR_UNSUPPORTED_REQ", 0x058, Access.COUNTER,
            "M2S Req with a reserved or unsupported opcode.", sets=_ERR),
     _whole("ERR_UNSUPPORTED_RWD", 0x05C, Access.COUNTER,

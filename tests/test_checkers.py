@@ -1,0 +1,138 @@
+"""The checkers themselves: the protocol monitor and the scoreboard must catch what they
+claim to catch (fed synthetic message sequences; no simulator involved)."""
+import random
+
+from hw.common.cxl_mem import (M2SReqOpcode as Q, M2SRwDOpcode as W, MetaField, MetaValue,
+                               SnpType, NDROpcode as N, DRSOpcode as D)
+from sim.checkers.cxl_mem_monitor import CxlMemMonitor, ALL_ONES
+from sim.checkers.scoreboard import CxlMemScoreboard
+from sim.model.memory import MemoryModel, VersionedMemory, word_outcomes, merge_line, FULL_STRB
+
+MS0 = MetaField.META0_STATE.value
+NOOP = MetaField.NO_OP.value
+
+
+def req(op, tag, addr, mf=MS0, mv=MetaValue.ANY.value, ld_id=0):
+    return {"opcode": op.value, "snp_type": SnpType.SNP_INV.value, "meta_field": mf,
+            "meta_value": mv, "tag": tag, "addr": addr, "ld_id": ld_id, "tc": 0}
+
+
+def rwd(op, tag, addr, data=0, strb=FULL_STRB, poison=0, ld_id=0):
+    return {**req(Q.MEM_INV, tag, addr, NOOP, 0, ld_id), "opcode": op.value, "data": data,
+            "byte_enable": strb, "poison": poison, "trp": 0}
+
+
+def ndr(op, tag, ld_id=0):
+    return {"opcode": op.value, "meta_field": NOOP, "meta_value": 0, "tag": tag,
+            "ld_id": ld_id, "dev_load": 0}
+
+
+def drs(tag, data, op=D.MEM_DATA, poison=0, ld_id=0):
+    return {**ndr(N.CMP, tag, ld_id), "opcode": op.value, "data": data, "poison": poison,
+            "trp": 0}
+
+
+def setup(lines=64):
+    mon = CxlMemMonitor(capacity_lines=lines)
+    mon.set_window(0, lines, True)
+    sb = CxlMemScoreboard(mon, MemoryModel(lines))
+    mon.listeners.append(sb)
+    seq = [0]
+
+    def m2s(kind, f):
+        mon.on_m2s(seq[0], 0, kind, f)
+        sb.on_m2s(seq[0], 0, kind, f)
+        seq[0] += 1
+    return mon, sb, m2s
+
+
+def test_clean_sequence_has_no_violation():
+    mon, sb, m2s = setup()
+    m2s("rwd", rwd(W.MEM_WR, 1, 5, data=0xAB))
+    mon.on_s2m(1, "ndr", ndr(N.CMP, 1))
+    m2s("req", req(Q.MEM_RD, 2, 5))
+    mon.on_s2m(2, "ndr", ndr(N.CMP_E, 2))
+    mon.on_s2m(2, "drs", drs(2, 0xAB))
+    m2s("req", req(Q.MEM_RD, 3, 1000))              # outside the window
+    mon.on_s2m(3, "drs", drs(3, ALL_ONES, D.MEM_DATA_NXM))
+    mon.finish(4)
+    assert mon.violations == [] and sb.mismatches == [] and sb.reads_checked == 1
+
+
+def test_monitor_flags_wrong_ndr_opcode_and_missing_and_spurious_responses():
+    mon, _, m2s = setup()
+    m2s("req", req(Q.MEM_RD, 1, 5))                 # Meta0 Any: only Cmp-E fits
+    mon.on_s2m(1, "ndr", ndr(N.CMP_S, 1))
+    mon.on_s2m(1, "drs", drs(1, 0))
+    m2s("rwd", rwd(W.MEM_WR, 2, 6))                 # never answered
+    mon.on_s2m(2, "ndr", ndr(N.CMP, 9))             # nobody waits for tag 9
+    m2s("req", req(Q.MEM_SPEC_RD, 3, 7))            # must get nothing
+    mon.on_s2m(3, "ndr", ndr(N.CMP, 3))
+    mon.finish(5)
+    text = "\n".join(mon.violations)
+    assert "CMP_S does not fit" in text
+    assert "never got NDR" in text
+    assert text.count("answers no outstanding request") == 2
+    assert len(mon.violations) == 4
+
+
+def test_monitor_flags_nxm_without_all_ones_and_cmp_m():
+    mon, _, m2s = setup()
+    m2s("req", req(Q.MEM_RD, 1, 1000))
+    mon.on_s2m(1, "drs", drs(1, 0, D.MEM_DATA_NXM))
+    m2s("rwd", rwd(W.MEM_WR, 2, 3))
+    mon.on_s2m(2, "ndr", ndr(N.CMP_M, 2))
+    assert len(mon.violations) == 2
+
+
+def test_repeated_tags_match_the_request_the_response_fits():
+    mon, _, m2s = setup()
+    m2s("req", req(Q.MEM_RD, 7, 1, mv=MetaValue.SHARED.value))   # Cmp-S or Cmp-E
+    m2s("req", req(Q.MEM_INV, 7, 2))                              # Cmp-E only
+    mon.on_s2m(1, "ndr", ndr(N.CMP_E, 7))
+    mon.on_s2m(2, "ndr", ndr(N.CMP_S, 7))
+    mon.on_s2m(3, "drs", drs(7, 0))
+    mon.finish(4)
+    assert mon.violations == []
+
+
+def test_scoreboard_flags_stale_data_and_lost_poison():
+    mon, sb, m2s = setup()
+    m2s("rwd", rwd(W.MEM_WR, 1, 5, data=0x11))
+    m2s("rwd", rwd(W.MEM_WR, 2, 5, data=0x22, poison=1))
+    m2s("req", req(Q.MEM_RD, 3, 5))                 # accepted after both writes
+    mon.on_s2m(1, "ndr", ndr(N.CMP_E, 3))
+    mon.on_s2m(1, "drs", drs(3, 0x11))              # stale
+    m2s("req", req(Q.MEM_RD, 4, 5))
+    mon.on_s2m(2, "ndr", ndr(N.CMP_E, 4))
+    mon.on_s2m(2, "drs", drs(4, 0x22, poison=0))    # poison dropped
+    assert len(sb.mismatches) == 2
+
+
+def test_read_overlapping_a_later_write_may_see_either_value():
+    mon, sb, m2s = setup()
+    m2s("req", req(Q.MEM_RD, 1, 5))                 # accepted before the write
+    m2s("rwd", rwd(W.MEM_WR, 2, 5, data=0x33))
+    mon.on_s2m(1, "drs", drs(1, 0x33))              # the write overtook the read: legal
+    mon.on_s2m(1, "ndr", ndr(N.CMP_E, 1))
+    assert sb.mismatches == []
+
+
+def test_versioned_memory_matches_merge_rules():
+    rng = random.Random(3)
+    model = MemoryModel(4)
+    vm = VersionedMemory(model)
+    expect = 0
+    for seq in range(50):
+        data, strb = rng.getrandbits(512), rng.getrandbits(64)
+        vm.write(seq, 2, data, strb, False)
+        expect = merge_line(expect, data, strb)
+        assert model.read(2) == (expect, False)
+    assert vm.legal_reads(2, 10, 12) == [(vm.versions[2][i].value, False) for i in (10, 11, 12)]
+
+
+def test_word_outcomes_of_torn_writes():
+    base = 0
+    writes = [(0xAAAA << 64, 0xFF00), (0xBB << 64, 0x0100)]   # word 1: full, then one byte
+    assert word_outcomes(base, writes, 1) == {0, 0xAAAA, 0xBB, 0xAABB}
+    assert word_outcomes(base, writes, 0) == {0}              # no write touches word 0
