@@ -234,6 +234,14 @@ async def outside_window_nxm_and_counters(dut):
     assert await env.csr.read("STATUS") & 1 == 0 and int(dut.irq.value) == 0
     await env.csr.write("ERR_OUT_OF_WINDOW_RD", 0)
     assert await env.csr.read("ERR_OUT_OF_WINDOW_RD") == 0
+    # A window larger than the device: lines past the capacity do not decode.
+    cap = env.config.capacity_lines
+    await env.program_window(0, 2 * env.config.capacity_bytes)
+    rd(env, 7, cap - 1)
+    rd(env, 8, cap)
+    await env.wait_idle()
+    assert col.drs[7][0]["opcode"] == D.MEM_DATA.value
+    assert col.drs[8][0]["opcode"] == D.MEM_DATA_NXM.value and 8 not in col.ndr
     # Disabled decoder: everything is outside.
     await env.program_window(base, size, enable=False)
     rd(env, 6, first)
