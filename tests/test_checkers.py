@@ -136,3 +136,13 @@ def test_word_outcomes_of_torn_writes():
     writes = [(0xAAAA << 64, 0xFF00), (0xBB << 64, 0x0100)]   # word 1: full, then one byte
     assert word_outcomes(base, writes, 1) == {0, 0xAAAA, 0xBB, 0xAABB}
     assert word_outcomes(base, writes, 0) == {0}              # no write touches word 0
+
+
+def test_pruning_keeps_what_waiting_reads_may_see():
+    vm = VersionedMemory(MemoryModel(4))
+    for seq in range(10):
+        vm.write(seq, 1, seq + 100, FULL_STRB, False)
+    before = vm.legal_reads(1, 6, 9)
+    vm.prune(6)                      # the oldest read still waiting was accepted as seq 6
+    assert vm.legal_reads(1, 6, 9) == before
+    assert [v.seq for v in vm.versions[1]] == [5, 6, 7, 8, 9]

@@ -31,8 +31,13 @@ class CxlMemScoreboard:
     def device_line(self, host_line: int) -> int:
         return host_line - self.monitor.window[0]
 
+    PRUNE_EVERY = 4096        # messages between forgetting versions no read can see
+
     def on_m2s(self, seq, cycle, kind, f):
         self.accepted = seq + 1
+        if seq % self.PRUNE_EVERY == self.PRUNE_EVERY - 1:
+            waiting = [p.seq for q in self.monitor.waiting.values() for p in q]
+            self.mem.prune(min(waiting, default=seq))
         if kind == "rwd" and f["opcode"] in WRITE_OPS and self.monitor.decodes(f["addr"]):
             strb = FULL_STRB if f["opcode"] == W.MEM_WR.value else f["byte_enable"]
             self.mem.write(seq, self.device_line(f["addr"]), f["data"], strb, bool(f["poison"]))

@@ -111,6 +111,17 @@ class VersionedMemory:
         hist.append(Version((seq, new_value, new_poison, value, strb)))
         self.base.write(line, new_value, poison=new_poison)   # the image: newest version
 
+    def prune(self, oldest_live_seq: int) -> None:
+        """Forget versions no read can still see: per line, keep the newest version older
+        than ``oldest_live_seq`` (the oldest read still waiting) and everything newer."""
+        for line, hist in self.versions.items():
+            keep = 0
+            for i, v in enumerate(hist):
+                if v.seq < oldest_live_seq:
+                    keep = i
+            if keep:
+                del hist[:keep]
+
     def legal_reads(self, line: int, accepted_seq: int, completed_seq: int):
         """Values a read accepted as message ``accepted_seq`` and answered when
         ``completed_seq`` messages had been accepted may return: the version current at
