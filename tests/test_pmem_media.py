@@ -31,6 +31,7 @@ def build_dir():
     return runner.build("pmem_media", [SV], "pmem_media", parameters=PARAMS)
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("testcase", TESTS)
 def test_pmem_media(build_dir, testcase):
     env = {"PMEM_PARAMS": json.dumps(PARAMS)}
