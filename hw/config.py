@@ -14,7 +14,10 @@ class DeviceConfig:
     them (a power of two; lines interleave across channels). read_ids_per_channel and
     writes_per_channel: outstanding media reads / writes per channel. input_depth and
     output_depth: CXL.mem message FIFOs at the link side. clock_mhz: the device clock, used
-    to turn cycle counts into time (it does not change the RTL).
+    to turn cycle counts into time (it does not change the RTL). cache_lines and
+    cache_trackers: the CXL.cache agent's device cache and requests in flight.
+    cache_test_port: expose the agent's internal request port as top-level ports (the
+    simulation build does, so tests can drive it until the NDP engines use it).
     """
     channels: int = 4
     capacity_bytes: int = 64 << 30          # 4 x 16 GiB: an Alveo U200's four DDR4 channels
@@ -23,6 +26,9 @@ class DeviceConfig:
     input_depth: int = 4
     output_depth: int = 4
     clock_mhz: int = 500
+    cache_lines: int = 64                   # CXL.cache device cache (direct mapped)
+    cache_trackers: int = 64                # CXL.cache requests in flight (CQIDs)
+    cache_test_port: bool = False           # expose the internal cache port at the top
 
     def __post_init__(self):
         def pow2(x):
@@ -36,12 +42,15 @@ class DeviceConfig:
             raise ValueError("read_ids_per_channel must be 1..256 (8-bit AXI IDs)")
         if self.writes_per_channel < 1:
             raise ValueError("writes_per_channel must be at least 1")
+        if not pow2(self.cache_lines) or not pow2(self.cache_trackers) or self.cache_trackers > 4096:
+            raise ValueError("cache_lines and cache_trackers must be powers of two (trackers <= 4096)")
 
     @classmethod
     def for_simulation(cls, lines_per_channel: int = 65536, **kw) -> "DeviceConfig":
         """The configuration the Verilator regression uses: the same queues, less memory
         (the PMEM media model holds every line in simulator memory)."""
         channels = kw.pop("channels", 4)
+        kw.setdefault("cache_test_port", True)
         return cls(channels=channels, capacity_bytes=lines_per_channel * channels * LINE_BYTES,
                    **kw)
 

@@ -6,6 +6,10 @@ Ports (architecture.md §3; one clock domain ``sync``, active-high synchronous r
 - ``csr``: In AXI4-Lite (32-bit), the CXL.io MMIO BAR; map in hw/cxl_controller/csr_map.py.
 - ``pmem0`` ... ``pmem{N-1}``: Out AXI4 (512-bit data, 8-bit IDs, poison in W/RUSER) to the
   persistent memory. A B response means the line is durable.
+- ``d2h_req``, ``d2h_rsp``, ``d2h_data``: Out, ``h2d_req``, ``h2d_rsp``, ``h2d_data``: In
+  streams of the CXL.cache layouts (hw/common/cxl_cache.py), the device's Type-2 agent.
+- ``cache_port`` (only with ``DeviceConfig.cache_test_port``): the agent's internal request
+  port (hw/cxl_controller/cache_port.py), so a testbench can stand in for the engines.
 - ``irq``: level; STATUS & IRQ_ENABLE, cleared by writing STATUS.
 
 Later blocks (CXL.cache agent, NDP engines, checkpoint engines) join the memory port through
@@ -16,9 +20,12 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .common.axi import AxiLiteSignature
+from .common.cxl_cache import D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData
 from .common.cxl_mem import M2SReq, M2SRwD, S2MNDR, S2MDRS
 from .config import DeviceConfig
+from .cxl_controller.cache_port import cache_port_signature
 from .cxl_controller.csr import CsrBlock
+from .cxl_controller.cxl_cache import CxlCacheAgent
 from .cxl_controller.cxl_mem import CxlMemTarget, CTX
 from .mem.interleave import MemoryInterleaver
 
@@ -40,6 +47,18 @@ EVENT_COUNTERS = {
     "spec_rd_dropped": "stat_spec_rd_dropped_inc",
     "inv": "stat_inv_inc",
 }
+# CXL.cache agent event -> CSR counter input
+CACHE_EVENT_COUNTERS = {
+    "d2h_req": "stat_d2h_req_inc",
+    "snoop": "stat_snoop_inc",
+    "snoop_hit": "stat_snoop_hit_inc",
+    "evict_dirty": "stat_evict_dirty_inc",
+    "evict_clean": "stat_evict_clean_inc",
+    "bogus": "stat_bogus_inc",
+    "go_err": "err_cache_go_inc",
+    "hit": "stat_cache_hit_inc",
+    "miss": "stat_cache_miss_inc",
+}
 
 
 class TrainingCxlDevice(wiring.Component):
@@ -55,6 +74,13 @@ class TrainingCxlDevice(wiring.Component):
             "s2m_drs": Out(stream.Signature(S2MDRS)),
             "csr": In(AxiLiteSignature(addr_width=CSR_ADDR_BITS)),
             **{f"pmem{c}": Out(self._mem.axi_signature) for c in range(config.channels)},
+            "d2h_req": Out(stream.Signature(D2HReq)),
+            "d2h_rsp": Out(stream.Signature(D2HRsp)),
+            "d2h_data": Out(stream.Signature(D2HData)),
+            "h2d_req": In(stream.Signature(H2DReq)),
+            "h2d_rsp": In(stream.Signature(H2DRsp)),
+            "h2d_data": In(stream.Signature(H2DData)),
+            **({"cache_port": In(cache_port_signature())} if config.cache_test_port else {}),
             "irq": Out(1),
         })
 
@@ -66,6 +92,16 @@ class TrainingCxlDevice(wiring.Component):
             addr_bits=cfg.addr_bits, capacity_lines=cfg.capacity_lines,
             input_depth=cfg.input_depth, output_depth=cfg.output_depth)
         m.submodules.csr = csr = CsrBlock()
+        m.submodules.cxl_cache = agent = CxlCacheAgent(cache_lines=cfg.cache_lines,
+                                                       trackers=cfg.cache_trackers)
+        for name in ("d2h_req", "d2h_rsp", "d2h_data"):
+            wiring.connect(m, getattr(agent, name), wiring.flipped(getattr(self, name)))
+        for name in ("h2d_req", "h2d_rsp", "h2d_data"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(agent, name))
+        if cfg.cache_test_port:
+            wiring.connect(m, wiring.flipped(self.cache_port), agent.port)
+        else:   # no client yet in the FPGA build: the engines (issue 4) will use it
+            m.d.comb += [agent.port.req.valid.eq(0), agent.port.rsp.ready.eq(1)]
 
         wiring.connect(m, wiring.flipped(self.m2s_req), tgt.m2s_req)
         wiring.connect(m, wiring.flipped(self.m2s_rwd), tgt.m2s_rwd)
@@ -99,6 +135,8 @@ class TrainingCxlDevice(wiring.Component):
         ev = tgt.events
         for event, port in EVENT_COUNTERS.items():
             m.d.comb += getattr(csr, port).eq(getattr(ev, event))
+        for event, port in CACHE_EVENT_COUNTERS.items():
+            m.d.comb += getattr(csr, port).eq(getattr(agent.events, event))
         # STATUS.ERROR / STATUS.POISON are set by the counters themselves (csr_map "sets").
         m.d.comb += [
             csr.status_error_set.eq(0),

@@ -68,8 +68,12 @@ class DeviceEnv:
         Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns").start()
         dut.power_fail.value = 0
         dut.tear_seed.value = 0
-        for name in ("m2s_req__valid", "m2s_rwd__valid", "s2m_ndr__ready", "s2m_drs__ready"):
-            getattr(dut, name).value = 0
+        for name in ("m2s_req__valid", "m2s_rwd__valid", "s2m_ndr__ready", "s2m_drs__ready",
+                     "h2d_req__valid", "h2d_rsp__valid", "h2d_data__valid", "d2h_req__ready",
+                     "d2h_rsp__ready", "d2h_data__ready", "cache_port__req__valid",
+                     "cache_port__rsp__ready"):
+            if hasattr(dut, name):
+                getattr(dut, name).value = 0
         await env.reset()
         env.host.start()
         if window is None:

@@ -23,6 +23,9 @@ from .model.pmem_params import media_verilog_parameters
 from . import runner
 
 TOPLEVEL = "tcxl_harness"
+# Device ports passed through to the Verilator top (cache_port only in the sim config).
+DEVICE_PORTS = ("m2s_req", "m2s_rwd", "s2m_ndr", "s2m_drs", "d2h_req", "d2h_rsp", "d2h_data",
+                "h2d_req", "h2d_rsp", "h2d_data", "cache_port", "csr", "irq")
 MEDIA_SV = pathlib.Path(__file__).resolve().parent / "rtl" / "pmem_media.sv"
 MEDIA_VLT = MEDIA_SV.with_name("harness.vlt")
 
@@ -33,8 +36,7 @@ class DeviceHarness(wiring.Component):
         self.device = TrainingCxlDevice(config)
         dev_sig = self.device.signature.members
         super().__init__({
-            **{name: dev_sig[name] for name in ("m2s_req", "m2s_rwd", "s2m_ndr", "s2m_drs",
-                                                "csr", "irq")},
+            **{name: dev_sig[name] for name in DEVICE_PORTS if name in dev_sig},
             "power_fail": In(1),
             "tear_seed": In(32),
         })
@@ -43,10 +45,13 @@ class DeviceHarness(wiring.Component):
         m = Module()
         cfg = self.config
         m.submodules.device = dev = self.device
-        for name in ("m2s_req", "m2s_rwd", "csr"):
-            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(dev, name))
-        for name in ("s2m_ndr", "s2m_drs"):
-            wiring.connect(m, getattr(dev, name), wiring.flipped(getattr(self, name)))
+        for name in DEVICE_PORTS:
+            if name == "irq" or name not in self.signature.members:
+                continue
+            if self.signature.members[name].flow == In:
+                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(dev, name))
+            else:
+                wiring.connect(m, getattr(dev, name), wiring.flipped(getattr(self, name)))
         m.d.comb += self.irq.eq(dev.irq)
         params = media_verilog_parameters(
             cfg.clock_mhz, depth_lines=cfg.lines_per_channel,

@@ -480,8 +480,9 @@ async def test_unmapped_decerr(dut):
     axi, model = await setup(dut)
     await wr(axi, REG.SCRATCH, b"\x78\x56\x34\x12")
     model.write(REG.SCRATCH, 0x12345678, 0xF)
-    for addr in [0x01C, 0x034, 0x03C, 0x04C, 0x070, 0x07C, 0x090, 0x100, 0x800, 0xFFC]:
-        assert addr in UNMAPPED
+    # Holes between registers and the end of the BAR, taken from the map (not retyped).
+    mid = len(UNMAPPED) // 2
+    for addr in UNMAPPED[:6] + UNMAPPED[mid:mid + 2] + UNMAPPED[-2:]:
         got, resp = await rd(axi, addr)
         assert (got, resp) == (0, DECERR), f"read {addr:#x}: {got:#x} resp {resp}"
         _, _, resp = await wr(axi, addr, b"\xff\xff\xff\xff")

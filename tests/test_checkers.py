@@ -146,3 +146,18 @@ def test_pruning_keeps_what_waiting_reads_may_see():
     vm.prune(6)                      # the oldest read still waiting was accepted as seq 6
     assert vm.legal_reads(1, 6, 9) == before
     assert [v.seq for v in vm.versions[1]] == [5, 6, 7, 8, 9]
+
+
+def test_coherence_checker_intervals():
+    from sim.checkers.coherence import CoherenceChecker
+    c = CoherenceChecker()
+    c.write(1, 0xA, 10, 20)
+    c.write(1, 0xB, 30, 40)
+    assert c.read(1, 0, 0, 5)                 # before any write: the initial value
+    assert c.read(1, 0xA, 15, 25)             # overlaps write A: 0 or A
+    assert c.read(1, 0, 15, 25)
+    assert c.read(1, 0xA, 21, 29)             # after A, before B
+    assert not c.read(1, 0, 21, 29)           # A certainly happened: 0 is stale
+    assert c.read(1, 0xB, 35, 50) and c.read(1, 0xA, 35, 50)
+    assert not c.read(1, 0xA, 41, 50)         # B certainly happened
+    assert len(c.violations) == 2 and c.reads_checked == 8

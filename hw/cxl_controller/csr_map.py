@@ -337,11 +337,24 @@ _MAP = (
            "Poisoned data returned on DRS.", sets=_ERR + ("STATUS.POISON",)),
     _whole("ERR_MEDIA", 0x06C, Access.COUNTER,
            "Media AXI error responses (SLVERR/DECERR).", sets=_ERR),
+    _whole("ERR_CACHE_GO", 0x070, Access.COUNTER,
+           "CXL.cache GO-Err, GO_ERR_WritePull or poisoned H2D data received.", sets=_ERR),
     # --- statistics counters (0x080-0x0FC) ---
     _whole("STAT_RD_LINES", 0x080, Access.COUNTER, "Lines read from media for CXL.mem."),
     _whole("STAT_WR_LINES", 0x084, Access.COUNTER, "Lines written to media for CXL.mem."),
     _whole("STAT_SPEC_RD_DROPPED", 0x088, Access.COUNTER, "MemSpecRd requests dropped."),
     _whole("STAT_INV", 0x08C, Access.COUNTER, "MemInv requests handled."),
+    # --- CXL.cache agent statistics (0x0A0-0x0BC) ---
+    _whole("STAT_D2H_REQ", 0x0A0, Access.COUNTER, "D2H requests sent (including evictions)."),
+    _whole("STAT_SNOOP", 0x0A4, Access.COUNTER, "H2D snoops answered."),
+    _whole("STAT_SNOOP_HIT", 0x0A8, Access.COUNTER,
+           "Snoops that found the line held (in the cache or being evicted)."),
+    _whole("STAT_EVICT_DIRTY", 0x0AC, Access.COUNTER, "DirtyEvict requests sent."),
+    _whole("STAT_EVICT_CLEAN", 0x0B0, Access.COUNTER, "CleanEvict requests sent."),
+    _whole("STAT_BOGUS", 0x0B4, Access.COUNTER,
+           "Evict data sent with Bogus set (a snoop took the line in between)."),
+    _whole("STAT_CACHE_HIT", 0x0B8, Access.COUNTER, "Internal requests served by the device cache."),
+    _whole("STAT_CACHE_MISS", 0x0BC, Access.COUNTER, "Internal requests that went to CXL.cache."),
 )
 
 check_map(_MAP)

@@ -1,0 +1,538 @@
+"""CXL.cache agent with device coherency (DCOH): a MESI device cache for host lines.
+
+Ports
+- ``d2h_req``, ``d2h_rsp``, ``d2h_data``: Out streams of D2HReq / D2HRsp / D2HData.
+- ``h2d_req``, ``h2d_rsp``, ``h2d_data``: In streams of H2DReq / H2DRsp / H2DData.
+- ``port``: the internal request port (hw/cxl_controller/cache_port.py): ``port.req`` In
+  stream(CacheReq), ``port.rsp`` Out stream(CacheRsp).
+- ``events``: one-cycle pulses for statistics counters.
+
+Structure
+- Device cache: ``cache_lines`` lines, direct mapped (slot = low address bits), MESI.
+- Trackers: ``trackers`` CQIDs; one per D2H request in flight, holding the request's line,
+  its flow, what has arrived (data, GO, pull) and a 64-byte buffer (write data, read data,
+  or an evicted line). Reads, writes and pushes to different lines overlap freely.
+- Front end (in order, one port request per cycle): a hit is served from the cache; a miss
+  allocates a tracker and sends the D2H request. A fill whose slot holds another valid line
+  first evicts it (DirtyEvict for M, CleanEvict for E/S; the line moves to an evict
+  tracker and the slot frees at once). PUSH / PUSH_INV / FLUSH drop the local copy first.
+- Serialization: a request waits while any tracker holds its line (so at most one D2H
+  request per line is in flight: reads are serialized per line, an evict is never
+  repeated), and a fill waits while another fill holds its slot.
+- H2D responses and data update the trackers; pulls queue for the data sender; every
+  finished flow goes through one finisher that fills the cache (in the granted state;
+  GO-I/GO-Err lines are used once, not cached), answers the port and frees the CQID.
+- Snoops, one at a time: a hit answers from the line's state (M: *FwdM + data; E/S:
+  RspIHitSE / RspSHitSE; SnpCur: RspVHitV / RspVFwdV) and downgrades it; a line between its
+  evict request and the host's pull answers from the evict tracker and marks the later
+  pull data Bogus if the snoop changed its state; anything else answers RspIHitI. A snoop
+  to a line whose GO has arrived but whose fill has not landed waits for the fill (a few
+  cycles), so it never answers from a stale state.
+
+Assumptions: the host keeps its obligations (one snoop per line, no snoop between a read's
+data and its GO, no GO while a snoop to the line is pending). The internal client keeps
+accepting ``port.rsp``: a fill (and so a snoop waiting for it) waits for its response.
+Latency: a hit answers in 2 cycles; a miss adds the host's round trip.
+"""
+from amaranth import Module, Signal, Array, Cat, Const, Mux
+from amaranth.lib import stream, wiring, fifo, memory, data, enum
+from amaranth.lib.wiring import In, Out
+
+from ..common.cxl_cache import (D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData,
+                                D2HReqOpcode as DReq, D2HRspOpcode as DRsp,
+                                H2DReqOpcode as Snp, H2DRspOpcode as HRsp, GOState, QID_BITS)
+from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS
+from ..common.stream_util import RoundRobinArbiter
+from .cache_port import CacheRsp, CacheOp, cache_port_signature
+
+CACHE_EVENTS = ("d2h_req", "snoop", "snoop_hit", "evict_dirty", "evict_clean", "bogus",
+                "go_err", "hit", "miss")
+
+
+class Mesi(enum.Enum, shape=2):
+    I = 0  # noqa: E741
+    S = 1
+    E = 2
+    M = 3
+
+
+class Flow(enum.Enum, shape=3):
+    """The D2H flow a tracker runs."""
+    RD_SHARED = 0
+    RD_OWN = 1
+    RD_CURR = 2
+    RD_OWN_NO_DATA = 3
+    ITOM_WR = 4
+    WR_INV = 5
+    CL_FLUSH = 6
+    EVICT = 7
+
+
+def _pow2(x):
+    return x > 0 and x & (x - 1) == 0
+
+
+class CxlCacheAgent(wiring.Component):
+    def __init__(self, *, cache_lines=64, trackers=64):
+        assert _pow2(cache_lines) and _pow2(trackers) and trackers <= 2 ** QID_BITS
+        self.cache_lines = cache_lines
+        self.trackers = trackers
+        super().__init__({
+            "d2h_req": Out(stream.Signature(D2HReq)),
+            "d2h_rsp": Out(stream.Signature(D2HRsp)),
+            "d2h_data": Out(stream.Signature(D2HData)),
+            "h2d_req": In(stream.Signature(H2DReq)),
+            "h2d_rsp": In(stream.Signature(H2DRsp)),
+            "h2d_data": In(stream.Signature(H2DData)),
+            "port": In(cache_port_signature()),
+            "events": Out(data.StructLayout({e: 1 for e in CACHE_EVENTS})),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.trackers
+        nb = (n - 1).bit_length()
+        slots = self.cache_lines
+        sb = (slots - 1).bit_length()
+        tag_bits = LINE_ADDR_BITS - sb
+        ev = self.events
+
+        def slot_of(addr):
+            return addr[:sb] if sb else Const(0, 1)
+
+        def tag_of(addr):
+            return addr[sb:]
+
+        # ------------------------------------------------------------ device cache
+        c_state = Array(Signal(Mesi, name=f"c_state{i}") for i in range(slots))
+        m.submodules.c_tags = c_tags = memory.Memory(shape=tag_bits, depth=slots, init=[])
+        c_tag_wr = c_tags.write_port()
+        c_tag_fe = c_tags.read_port(domain="comb")
+        c_tag_snp = c_tags.read_port(domain="comb")
+        m.submodules.c_data = c_data = memory.Memory(shape=LINE_BITS, depth=slots, init=[])
+        c_wr = c_data.write_port()
+        c_rd_fe = c_data.read_port(domain="comb")
+        c_rd_snp = c_data.read_port(domain="comb")
+
+        # ------------------------------------------------------------ trackers
+        # Registers only for what the comparators scan every cycle (line, liveness, pending
+        # fills, evicted lines); the rest lives in small memories, which simulate and
+        # synthesize far cheaper than 64 separately decoded registers per field.
+        t_valid = Array(Signal(name=f"t_valid{i}") for i in range(n))
+        t_addr = Array(Signal(LINE_ADDR_BITS, name=f"t_addr{i}") for i in range(n))
+        t_fill = Array(Signal(name=f"t_fill{i}") for i in range(n))        # holds its slot
+        t_got_go = Array(Signal(name=f"t_got_go{i}") for i in range(n))
+        t_evict = Array(Signal(name=f"t_evict{i}") for i in range(n))      # an evict flow
+        t_evstate = Array(Signal(Mesi, name=f"t_evstate{i}") for i in range(n))  # evicts
+
+        def tmem(name, shape, writers, readers):
+            mem_ = memory.Memory(shape=shape, depth=n, init=[])
+            m.submodules[name] = mem_
+            return ([mem_.write_port() for _ in range(writers)],
+                    [mem_.read_port(domain="comb") for _ in range(readers)])
+        static = data.StructLayout({"flow": Flow, "port": 1, "id": 8})   # set at allocation
+        (st_wr,), (st_r, st_d, st_p, st_f) = tmem("t_static", static, 1, 4)
+        (gd_alloc, gd_set), (gd_r,) = tmem("t_got_data", 1, 2, 1)
+        (sn_alloc, sn_set), (sn_r,) = tmem("t_sent", 1, 2, 1)         # pull data sent
+        (go_alloc, go_set), (go_f,) = tmem("t_go", GOState, 2, 1)
+        (er_alloc, er_rsp, er_dat), (er_f,) = tmem("t_err", 1, 3, 1)
+        (bg_alloc, bg_set), (bg_p,) = tmem("t_bogus", 1, 2, 1)
+        m.submodules.t_data = t_data = memory.Memory(shape=LINE_BITS, depth=n, init=[])
+        t_wr_fe = t_data.write_port()
+        t_wr_h2d = t_data.write_port()
+        t_rd_pull = t_data.read_port(domain="comb")
+        t_rd_fin = t_data.read_port(domain="comb")
+        t_rd_snp = t_data.read_port(domain="comb")
+
+        # Free CQIDs, filled after reset.
+        m.submodules.free = free = fifo.SyncFIFO(width=nb or 1, depth=n)
+        init_count = Signal(range(n + 1))
+        initializing = Signal()
+        m.d.comb += initializing.eq(init_count != n)
+        with m.If(initializing):
+            m.d.sync += init_count.eq(init_count + 1)
+
+        # ------------------------------------------------------------ output queues
+        m.submodules.req_q = req_q = fifo.SyncFIFOBuffered(width=D2HReq.as_shape().size, depth=4)
+        m.submodules.rsp_q = rsp_q = fifo.SyncFIFOBuffered(width=D2HRsp.as_shape().size, depth=4)
+        m.submodules.fwd_q = fwd_q = fifo.SyncFIFOBuffered(width=D2HData.as_shape().size, depth=4)
+        for port, q in ((self.d2h_req, req_q), (self.d2h_rsp, rsp_q)):
+            m.d.comb += [port.payload.eq(q.r_data), port.valid.eq(q.r_rdy), q.r_en.eq(port.ready)]
+        m.submodules.data_arb = data_arb = RoundRobinArbiter(D2HData, 2)
+        fwd_in, pull_in = data_arb.inputs
+        m.d.comb += [fwd_in.payload.eq(fwd_q.r_data), fwd_in.valid.eq(fwd_q.r_rdy),
+                     fwd_q.r_en.eq(fwd_in.ready)]
+        wiring.connect(m, data_arb.o, wiring.flipped(self.d2h_data))
+        # Port responses: hits from the front end and finished flows, merged.
+        m.submodules.hit_q = hit_q = fifo.SyncFIFOBuffered(width=CacheRsp.as_shape().size, depth=4)
+        m.submodules.rsp_arb = rsp_arb = RoundRobinArbiter(CacheRsp, 2)
+        hit_in, fin_in = rsp_arb.inputs
+        m.d.comb += [hit_in.payload.eq(hit_q.r_data), hit_in.valid.eq(hit_q.r_rdy),
+                     hit_q.r_en.eq(hit_in.ready)]
+        wiring.connect(m, rsp_arb.o, wiring.flipped(self.port.rsp))
+
+        # Finished flows (CQIDs) from the three places a flow can end, to the finisher.
+        comp_rsp = fifo.SyncFIFO(width=nb or 1, depth=n)
+        comp_data = fifo.SyncFIFO(width=nb or 1, depth=n)
+        comp_pull = fifo.SyncFIFO(width=nb or 1, depth=n)
+        m.submodules += [comp_rsp, comp_data, comp_pull]
+        m.submodules.comp_arb = comp_arb = RoundRobinArbiter(nb or 1, 3)
+        for q, a in zip((comp_rsp, comp_data, comp_pull), comp_arb.inputs, strict=True):
+            m.d.comb += [a.payload.eq(q.r_data), a.valid.eq(q.r_rdy), q.r_en.eq(a.ready)]
+        # Pulls waiting for the data sender: (CQID, host UQID).
+        pull_layout = data.StructLayout({"cqid": nb or 1, "uqid": QID_BITS})
+        m.submodules.pull_q = pull_q = fifo.SyncFIFO(width=pull_layout.size, depth=n)
+
+        # ------------------------------------------------------------ H2D responses
+        rsp = self.h2d_rsp.payload
+        r_c = Signal(nb or 1)
+        m.d.comb += [r_c.eq(rsp.cqid[:nb or 1]), self.h2d_rsp.ready.eq(1)]
+        r_fire = self.h2d_rsp.valid
+        m.d.comb += st_r.addr.eq(r_c)
+        r_flow = static(st_r.data).flow
+        dat = self.h2d_data.payload
+        d_c = Signal(nb or 1)
+        m.d.comb += [d_c.eq(dat.cqid[:nb or 1]), self.h2d_data.ready.eq(1)]
+        d_fire = self.h2d_data.valid
+        m.d.comb += st_d.addr.eq(d_c)
+        d_flow = static(st_d.data).flow
+        # The pull sender (below) sends data for tracker p_c this cycle.
+        p_fire = Signal()
+        p_c = Signal(nb or 1)
+
+        r_is_go = Signal()
+        r_is_pull = Signal()
+        r_go_state = Signal(GOState)
+        m.d.comb += r_go_state.eq(rsp.rsp_data[:4])
+        with m.Switch(rsp.opcode):
+            with m.Case(HRsp.GO):
+                m.d.comb += r_is_go.eq(1)
+            with m.Case(HRsp.GO_WRITE_PULL, HRsp.GO_ERR_WRITE_PULL, HRsp.FAST_GO_WRITE_PULL):
+                m.d.comb += [r_is_go.eq(1), r_is_pull.eq(1)]
+            with m.Case(HRsp.WRITE_PULL):
+                m.d.comb += r_is_pull.eq(1)
+        r_drop = rsp.opcode == HRsp.GO_WRITE_PULL_DROP
+        r_err = (rsp.opcode == HRsp.GO_ERR_WRITE_PULL) | \
+            ((rsp.opcode == HRsp.GO) & (r_go_state == GOState.ERR))
+
+        r_complete = Signal()
+        m.d.comb += [
+            gd_r.addr.eq(r_c), sn_r.addr.eq(r_c),
+            go_set.addr.eq(r_c), go_set.data.eq(r_go_state),
+            go_set.en.eq(r_fire & (rsp.opcode == HRsp.GO)),
+            er_rsp.addr.eq(r_c), er_rsp.data.eq(1), er_rsp.en.eq(r_fire & r_err),
+        ]
+        with m.If(r_fire):
+            with m.If(r_is_go | r_drop):
+                m.d.sync += t_got_go[r_c].eq(1)
+            with m.If(r_err):
+                m.d.comb += ev.go_err.eq(1)
+            with m.If((r_is_go | r_drop) & (r_flow == Flow.EVICT)):
+                # The device gives up snoop ownership of an evicted line at the GO.
+                m.d.sync += t_evstate[r_c].eq(Mesi.I)
+            data_here = gd_r.data | (d_fire & (d_c == r_c))
+            sent_here = sn_r.data | (p_fire & (p_c == r_c))
+            with m.Switch(r_flow):
+                with m.Case(Flow.RD_SHARED, Flow.RD_OWN):
+                    m.d.comb += r_complete.eq((rsp.opcode == HRsp.GO) & data_here)
+                with m.Case(Flow.RD_OWN_NO_DATA, Flow.CL_FLUSH):
+                    m.d.comb += r_complete.eq(rsp.opcode == HRsp.GO)
+                with m.Case(Flow.WR_INV):
+                    m.d.comb += r_complete.eq((rsp.opcode == HRsp.GO) & sent_here)
+                with m.Case(Flow.EVICT):
+                    m.d.comb += r_complete.eq(r_drop)
+        m.d.comb += [
+            comp_rsp.w_data.eq(r_c), comp_rsp.w_en.eq(r_fire & r_complete),
+            pull_q.w_data.eq(Cat(r_c, rsp.rsp_data)), pull_q.w_en.eq(r_fire & r_is_pull),
+        ]
+
+        # ------------------------------------------------------------ H2D data
+        d_complete = Signal()
+        m.d.comb += [
+            gd_set.addr.eq(d_c), gd_set.data.eq(1), gd_set.en.eq(d_fire),
+            er_dat.addr.eq(d_c), er_dat.data.eq(1), er_dat.en.eq(d_fire & (dat.poison | dat.go_err)),
+        ]
+        with m.If(d_fire):
+            # If the GO arrives in this same cycle, the response side finishes the flow.
+            with m.Switch(d_flow):
+                with m.Case(Flow.RD_CURR):
+                    m.d.comb += d_complete.eq(1)
+                with m.Case(Flow.RD_SHARED, Flow.RD_OWN):
+                    m.d.comb += d_complete.eq(t_got_go[d_c])
+        m.d.comb += [
+            t_wr_h2d.addr.eq(d_c), t_wr_h2d.data.eq(dat.data), t_wr_h2d.en.eq(d_fire),
+            comp_data.w_data.eq(d_c), comp_data.w_en.eq(d_fire & d_complete),
+        ]
+
+        # ------------------------------------------------------------ pull data sender
+        pull = pull_layout(pull_q.r_data)
+        m.d.comb += [
+            p_c.eq(pull.cqid),
+            t_rd_pull.addr.eq(p_c),
+            pull_in.valid.eq(pull_q.r_rdy),
+            pull_in.payload.uqid.eq(pull.uqid),
+            pull_in.payload.chunk_valid.eq(1),
+            pull_in.payload.bogus.eq(bg_p.data),
+            bg_p.addr.eq(p_c), st_p.addr.eq(p_c),
+            pull_in.payload.data.eq(t_rd_pull.data),
+            pull_q.r_en.eq(pull_in.ready),
+            p_fire.eq(pull_in.valid & pull_in.ready),
+        ]
+        p_flow = static(st_p.data).flow
+        p_complete = Signal()
+        m.d.comb += [sn_set.addr.eq(p_c), sn_set.data.eq(1), sn_set.en.eq(p_fire)]
+        with m.If(p_fire):
+            m.d.comb += ev.bogus.eq(bg_p.data)
+            with m.Switch(p_flow):
+                with m.Case(Flow.ITOM_WR, Flow.EVICT):
+                    m.d.comb += p_complete.eq(1)
+                with m.Case(Flow.WR_INV):
+                    # A GO arriving in this cycle completes it on the response side.
+                    m.d.comb += p_complete.eq(t_got_go[p_c])
+        m.d.comb += [comp_pull.w_data.eq(p_c), comp_pull.w_en.eq(p_fire & p_complete)]
+
+        # ------------------------------------------------------------ finisher
+        f_c = comp_arb.o.payload
+        m.d.comb += [st_f.addr.eq(f_c), go_f.addr.eq(f_c), er_f.addr.eq(f_c), t_rd_fin.addr.eq(f_c)]
+        f_static = static(st_f.data)
+        f_flow = f_static.flow
+        f_addr = t_addr[f_c]
+        f_go = go_f.data
+        f_err = er_f.data
+        f_granted = Signal(Mesi)
+        with m.Switch(f_go):
+            with m.Case(GOState.S):
+                m.d.comb += f_granted.eq(Mesi.S)
+            with m.Case(GOState.E):
+                m.d.comb += f_granted.eq(Mesi.E)
+            with m.Case(GOState.M):
+                m.d.comb += f_granted.eq(Mesi.M)
+        f_fills = Signal()     # the line goes into the cache
+        with m.Switch(f_flow):
+            with m.Case(Flow.RD_SHARED, Flow.RD_OWN, Flow.RD_OWN_NO_DATA):
+                m.d.comb += f_fills.eq((f_granted != Mesi.I) & ~f_err)
+        f_answers = f_static.port
+        m.d.comb += [
+            fin_in.payload.id.eq(f_static.id),
+            fin_in.payload.error.eq(f_err | ((f_flow == Flow.RD_OWN_NO_DATA) & (f_granted == Mesi.I))),
+            fin_in.payload.data.eq(Mux((f_flow == Flow.RD_SHARED) | (f_flow == Flow.RD_OWN) |
+                                       (f_flow == Flow.RD_CURR), t_rd_fin.data, 0)),
+            fin_in.valid.eq(comp_arb.o.valid & f_answers),
+            comp_arb.o.ready.eq(~f_answers | fin_in.ready),
+        ]
+        f_fire = comp_arb.o.valid & comp_arb.o.ready
+        f_cache_write = Signal()
+        m.d.comb += f_cache_write.eq(f_fire & f_fills)
+        with m.If(f_fire):
+            m.d.sync += t_valid[f_c].eq(0)
+        m.d.comb += [c_tag_wr.addr.eq(slot_of(f_addr)), c_tag_wr.data.eq(tag_of(f_addr)),
+                     c_tag_wr.en.eq(f_cache_write)]
+        with m.If(f_cache_write):
+            m.d.sync += c_state[slot_of(f_addr)].eq(Mux(f_flow == Flow.RD_OWN_NO_DATA, Mesi.M, f_granted))
+
+        # Free list: reset fill, then CQIDs as the finisher frees them.
+        with m.If(initializing):
+            m.d.comb += [free.w_data.eq(init_count), free.w_en.eq(1)]
+        with m.Else():
+            m.d.comb += [free.w_data.eq(f_c), free.w_en.eq(f_fire)]
+
+        # ------------------------------------------------------------ snoops
+        snp = self.h2d_req.payload
+        s_slot = slot_of(snp.addr)
+        s_state = Signal(Mesi)
+        s_hit = Signal()
+        m.d.comb += [
+            c_tag_snp.addr.eq(s_slot),
+            s_hit.eq((c_state[s_slot] != Mesi.I) & (c_tag_snp.data == tag_of(snp.addr))),
+            s_state.eq(Mux(s_hit, c_state[s_slot], Mesi.I)),
+            c_rd_snp.addr.eq(s_slot),
+        ]
+        # An evicted line the host has not pulled yet is still ours to answer for.
+        s_ev = Signal(nb or 1)
+        s_ev_hit = Signal()
+        s_wait = Signal()
+        for i in reversed(range(n)):
+            same = t_valid[i] & (t_addr[i] == snp.addr)
+            with m.If(same & t_evict[i] & (t_evstate[i] != Mesi.I)):
+                m.d.comb += [s_ev.eq(i), s_ev_hit.eq(1)]
+        # Wait for a fill whose GO has arrived (also in this very cycle: the GO comes first).
+        go_now = r_fire & (r_is_go | r_drop) & t_fill[r_c] & (t_addr[r_c] == snp.addr)
+        m.d.comb += s_wait.eq(go_now | Cat(t_valid[i] & t_fill[i] & t_got_go[i] & (t_addr[i] == snp.addr)
+                                           for i in range(n)).any())
+        s_ev_state = Signal(Mesi)
+        m.d.comb += [s_ev_state.eq(t_evstate[s_ev]), t_rd_snp.addr.eq(s_ev)]
+        held = Signal(Mesi)        # the state the snooped line is held in, wherever it is
+        m.d.comb += held.eq(Mux(s_hit, s_state, Mux(s_ev_hit, s_ev_state, Mesi.I)))
+
+        s_rsp = Signal(DRsp)
+        s_next = Signal(Mesi)
+        s_fwd = Signal()
+        m.d.comb += s_next.eq(held)
+        with m.Switch(snp.opcode):
+            with m.Case(Snp.SNP_INV):
+                m.d.comb += s_next.eq(Mesi.I)
+                with m.Switch(held):
+                    with m.Case(Mesi.M):
+                        m.d.comb += [s_rsp.eq(DRsp.RSP_I_FWD_M), s_fwd.eq(1)]
+                    with m.Case(Mesi.E, Mesi.S):
+                        m.d.comb += s_rsp.eq(DRsp.RSP_I_HIT_SE)
+                    with m.Default():
+                        m.d.comb += s_rsp.eq(DRsp.RSP_I_HIT_I)
+            with m.Case(Snp.SNP_DATA):
+                with m.Switch(held):
+                    with m.Case(Mesi.M):
+                        m.d.comb += [s_rsp.eq(DRsp.RSP_S_FWD_M), s_fwd.eq(1), s_next.eq(Mesi.S)]
+                    with m.Case(Mesi.E, Mesi.S):
+                        m.d.comb += [s_rsp.eq(DRsp.RSP_S_HIT_SE), s_next.eq(Mesi.S)]
+                    with m.Default():
+                        m.d.comb += s_rsp.eq(DRsp.RSP_I_HIT_I)
+            with m.Default():          # SnpCur (and reserved codes): current data, no change
+                with m.Switch(held):
+                    with m.Case(Mesi.M):
+                        m.d.comb += [s_rsp.eq(DRsp.RSP_V_FWD_V), s_fwd.eq(1)]
+                    with m.Case(Mesi.E, Mesi.S):
+                        m.d.comb += s_rsp.eq(DRsp.RSP_V_HIT_V)
+                    with m.Default():
+                        m.d.comb += s_rsp.eq(DRsp.RSP_I_HIT_I)
+
+        s_go = self.h2d_req.valid & ~s_wait & rsp_q.w_rdy & fwd_q.w_rdy
+        m.d.comb += self.h2d_req.ready.eq(s_go)
+        s_rsp_word = Signal(D2HRsp)
+        s_fwd_word = Signal(D2HData)
+        m.d.comb += [
+            s_rsp_word.opcode.eq(s_rsp), s_rsp_word.uqid.eq(snp.uqid),
+            rsp_q.w_data.eq(s_rsp_word), rsp_q.w_en.eq(s_go),
+            s_fwd_word.uqid.eq(snp.uqid), s_fwd_word.chunk_valid.eq(1),
+            s_fwd_word.data.eq(Mux(s_hit, c_rd_snp.data, t_rd_snp.data)),
+            fwd_q.w_data.eq(s_fwd_word), fwd_q.w_en.eq(s_go & s_fwd),
+        ]
+        s_mutates = Signal()
+        m.d.comb += s_mutates.eq(s_go & s_hit & (s_next != s_state))
+        with m.If(s_go):
+            m.d.comb += [ev.snoop.eq(1), ev.snoop_hit.eq(held != Mesi.I)]
+            with m.If(s_hit):
+                m.d.sync += c_state[s_slot].eq(s_next)
+            with m.Elif(s_ev_hit & (s_next != s_ev_state)):
+                m.d.sync += t_evstate[s_ev].eq(s_next)
+        m.d.comb += [bg_set.addr.eq(s_ev), bg_set.data.eq(1),
+                     bg_set.en.eq(s_go & ~s_hit & s_ev_hit & (s_next != s_ev_state))]
+
+        # ------------------------------------------------------------ front end
+        req = self.port.req.payload
+        fe_slot = slot_of(req.addr)
+        fe_tag = tag_of(req.addr)
+        m.d.comb += [c_rd_fe.addr.eq(fe_slot), c_tag_fe.addr.eq(fe_slot)]
+        fe_state = c_state[fe_slot]
+        fe_hit = Signal()
+        m.d.comb += fe_hit.eq((fe_state != Mesi.I) & (c_tag_fe.data == fe_tag))
+        line_busy = Signal()
+        slot_busy = Signal()
+        m.d.comb += [
+            line_busy.eq(Cat(t_valid[i] & (t_addr[i] == req.addr) for i in range(n)).any()),
+            slot_busy.eq(Cat(t_valid[i] & t_fill[i] & (slot_of(t_addr[i]) == fe_slot)
+                             for i in range(n)).any()),
+        ]
+        # One writer of a cache slot per cycle: the finisher and a mutating snoop go first.
+        fe_blocked = line_busy | f_cache_write | (s_mutates & (s_slot == fe_slot))
+        cqid = free.r_data
+        cqid_ok = free.r_rdy & ~initializing
+
+        op = req.op
+        needs_fill = Signal()      # the request will bring its line into the cache
+        local = Signal()           # served from the cache, no CXL
+        flow = Signal(Flow)
+        with m.Switch(op):
+            with m.Case(CacheOp.READ_SHARED):
+                m.d.comb += [local.eq(fe_hit), needs_fill.eq(~fe_hit), flow.eq(Flow.RD_SHARED)]
+            with m.Case(CacheOp.READ_OWN):
+                owned = fe_hit & ((fe_state == Mesi.E) | (fe_state == Mesi.M))
+                m.d.comb += [local.eq(owned), needs_fill.eq(~owned), flow.eq(Flow.RD_OWN)]
+            with m.Case(CacheOp.READ_CURRENT):
+                m.d.comb += [local.eq(fe_hit), flow.eq(Flow.RD_CURR)]
+            with m.Case(CacheOp.WRITE):
+                owned = fe_hit & ((fe_state == Mesi.E) | (fe_state == Mesi.M))
+                m.d.comb += [local.eq(owned), needs_fill.eq(~owned), flow.eq(Flow.RD_OWN_NO_DATA)]
+            with m.Case(CacheOp.PUSH):
+                m.d.comb += flow.eq(Flow.ITOM_WR)
+            with m.Case(CacheOp.PUSH_INV):
+                m.d.comb += flow.eq(Flow.WR_INV)
+            with m.Case(CacheOp.FLUSH):
+                m.d.comb += flow.eq(Mux(fe_hit & (fe_state == Mesi.M), Flow.EVICT, Flow.CL_FLUSH))
+        # A fill into a slot holding another valid line evicts that line first.
+        victim = needs_fill & (fe_state != Mesi.I) & ~fe_hit
+        valid_req = self.port.req.valid & ~fe_blocked
+        do_local = valid_req & local & hit_q.w_rdy
+        do_evict = valid_req & ~local & victim & cqid_ok & req_q.w_rdy
+        do_alloc = valid_req & ~local & ~victim & cqid_ok & req_q.w_rdy & ~(needs_fill & slot_busy)
+        m.d.comb += self.port.req.ready.eq(do_local | do_alloc)
+
+        # Local hits: reads answer with the line; a WRITE to an E/M line writes it (now M).
+        hit_word = Signal(CacheRsp)
+        m.d.comb += [
+            hit_word.id.eq(req.id),
+            hit_word.data.eq(Mux(op == CacheOp.WRITE, 0, c_rd_fe.data)),
+            hit_q.w_data.eq(hit_word), hit_q.w_en.eq(do_local),
+        ]
+        with m.If(do_local & (op == CacheOp.WRITE)):
+            m.d.sync += c_state[fe_slot].eq(Mesi.M)
+        with m.If(do_local | do_alloc):
+            m.d.comb += [ev.hit.eq(do_local), ev.miss.eq(do_alloc)]
+
+        # The D2H request of an allocation or an eviction.
+        victim_addr = Cat(fe_slot, c_tag_fe.data) if sb else c_tag_fe.data
+        d2h = Signal(D2HReq)
+        m.d.comb += [d2h.cqid.eq(cqid), req_q.w_data.eq(d2h), req_q.w_en.eq(do_alloc | do_evict)]
+        with m.If(do_evict):
+            m.d.comb += [
+                d2h.addr.eq(victim_addr),
+                d2h.opcode.eq(Mux(fe_state == Mesi.M, DReq.DIRTY_EVICT, DReq.CLEAN_EVICT)),
+                ev.evict_dirty.eq(fe_state == Mesi.M), ev.evict_clean.eq(fe_state != Mesi.M),
+            ]
+        with m.Else():
+            m.d.comb += d2h.addr.eq(req.addr)
+            with m.Switch(flow):
+                for f, code in ((Flow.RD_SHARED, DReq.RD_SHARED), (Flow.RD_OWN, DReq.RD_OWN),
+                                (Flow.RD_CURR, DReq.RD_CURR),
+                                (Flow.RD_OWN_NO_DATA, DReq.RD_OWN_NO_DATA),
+                                (Flow.ITOM_WR, DReq.ITOM_WR), (Flow.WR_INV, DReq.WR_INV),
+                                (Flow.CL_FLUSH, DReq.CL_FLUSH), (Flow.EVICT, DReq.DIRTY_EVICT)):
+                    with m.Case(f):
+                        m.d.comb += d2h.opcode.eq(code)
+        m.d.comb += [ev.d2h_req.eq(do_alloc | do_evict), free.r_en.eq(do_alloc | do_evict)]
+
+        # Tracker allocation. Write data (WRITE, PUSH*) or the evicted line goes in its buffer.
+        t_new_data = Signal(LINE_BITS)
+        m.d.comb += t_new_data.eq(Mux(do_evict | (flow == Flow.EVICT), c_rd_fe.data, req.data))
+        m.d.comb += [t_wr_fe.addr.eq(cqid), t_wr_fe.data.eq(t_new_data),
+                     t_wr_fe.en.eq(do_alloc | do_evict)]
+        alloc = do_alloc | do_evict
+        new_flow = Signal(Flow)
+        new_static = Signal(static)
+        m.d.comb += [
+            new_flow.eq(Mux(do_evict, Flow.EVICT, flow)),
+            new_static.flow.eq(new_flow), new_static.port.eq(do_alloc), new_static.id.eq(req.id),
+            st_wr.addr.eq(cqid), st_wr.data.eq(new_static), st_wr.en.eq(alloc),
+        ]
+        for wp, value in ((gd_alloc, 0), (sn_alloc, 0), (go_alloc, GOState.I), (er_alloc, 0),
+                          (bg_alloc, 0)):
+            m.d.comb += [wp.addr.eq(cqid), wp.data.eq(value), wp.en.eq(alloc)]
+        with m.If(alloc):
+            m.d.sync += [
+                t_valid[cqid].eq(1),
+                t_evict[cqid].eq(new_flow == Flow.EVICT),
+                t_addr[cqid].eq(Mux(do_evict, victim_addr, req.addr)),
+                t_fill[cqid].eq(do_alloc & needs_fill),
+                t_got_go[cqid].eq(0),
+                t_evstate[cqid].eq(fe_state),
+            ]
+            # The slot's line leaves the cache: evicted, superseded by a push or flush,
+            # or (an S copy) dropped before asking for ownership.
+            with m.If(do_evict | (fe_hit & ~local)):
+                m.d.sync += c_state[fe_slot].eq(Mesi.I)
+
+        # The single cache-data write port: fills from the finisher, else WRITE hits.
+        with m.If(f_cache_write):
+            m.d.comb += [c_wr.addr.eq(slot_of(f_addr)), c_wr.data.eq(t_rd_fin.data), c_wr.en.eq(1)]
+        with m.Elif(do_local & (op == CacheOp.WRITE)):
+            m.d.comb += [c_wr.addr.eq(fe_slot), c_wr.data.eq(req.data), c_wr.en.eq(1)]
+        return m

@@ -1,0 +1,220 @@
+"""Generic per-cycle driver for valid/ready stream channels (one step per rising clock edge).
+
+``LinkDriver(dut, clk, tx={name: codec}, rx={name: codec}, rng=rng, backpressure=p)``:
+- tx channels (we are the source): ``send(name, word_or_fields)`` queues a message (an int
+  already packed, or a dict of the codec's fields); messages go out in queue order, one per
+  cycle at most, as fast as the sink accepts them. We drive ``<name>__valid`` and
+  ``<name>__payload`` and sample ``<name>__ready``.
+- rx channels (we are the sink): we drive ``<name>__ready``, dropped at random with
+  probability ``backpressure`` each cycle (one ``rng.random()`` draw per rx channel per cycle,
+  in the order of ``rx``, so a run is reproducible from the rng's seed), and sample
+  ``<name>__valid`` / ``<name>__payload``.
+- every transfer is reported to each of ``listeners``: ``on_tx(cycle, name, fields)`` and
+  ``on_rx(cycle, name, fields)`` (fields = ``codec.unpack(word)``), tx transfers first.
+- ``on_cycle``: optional ``callable(cycle)`` run in each step after the transfers have been
+  reported and before the next cycle is driven (a client's per-cycle work, e.g. releasing
+  delayed messages, without a coroutine of its own).
+- ``start()`` / ``stop()``; ``error`` holds the exception that stopped the step (the step
+  runs in a simulator callback where an exception cannot reach the test); ``enabled =
+  False`` keeps sampling but stops driving; ``pending`` counts queued tx messages.
+
+Mechanism (as in cxl_mem_host.py): the step is registered directly as the simulator's
+value-change callback on the clock (no cocotb task per cycle); values read at a rising edge
+are the pre-edge ones, so valid & ready seen there is a transfer at that edge. Raw handles:
+1-bit signals and payloads of at most 32 bits are read as integers, wider payloads as bit
+strings; a signal is written only when its value changes.
+"""
+from __future__ import annotations
+
+import collections
+import os
+
+from ..model.codec import StructCodec
+
+# Payloads up to this width are written with set_signal_val_int (a C int: keep the sign bit
+# clear) and read with get_signal_val_long.
+_INT_WRITE_BITS = 31
+_LONG_READ_BITS = 32
+
+
+class TxChannel:
+    """A source channel: queue of packed words and the state of what we drive."""
+    __slots__ = ("name", "codec", "queue", "driven", "valid_out", "h_valid", "h_ready",
+                 "h_payload", "fmt", "int_payload")
+
+    def __init__(self, name: str, codec: StructCodec, h_valid=None, h_ready=None, h_payload=None):
+        self.name = name
+        self.codec = codec
+        self.queue: collections.deque[int] = collections.deque()
+        self.driven = False          # the head of the queue is on the wires (valid high)
+        self.valid_out = 0           # last value written to valid
+        self.h_valid, self.h_ready, self.h_payload = h_valid, h_ready, h_payload
+        self.fmt = f"0{codec.width}b"
+        self.int_payload = codec.width <= _INT_WRITE_BITS
+
+    def push(self, word_or_fields) -> int:
+        word = (self.codec.pack(**word_or_fields) if isinstance(word_or_fields, dict)
+                else int(word_or_fields))
+        if word >> self.codec.width:
+            raise ValueError(f"{self.name}: word {word:#x} wider than {self.codec.width} bits")
+        self.queue.append(word)
+        return word
+
+
+class RxChannel:
+    """A sink channel: the ready we drive and how to read the payload."""
+    __slots__ = ("name", "codec", "ready_out", "h_valid", "h_ready", "h_payload", "read")
+
+    def __init__(self, name: str, codec: StructCodec, h_valid=None, h_ready=None, h_payload=None):
+        self.name = name
+        self.codec = codec
+        self.ready_out = 0
+        self.h_valid, self.h_ready, self.h_payload = h_valid, h_ready, h_payload
+        self.read = None
+        if h_payload is not None:
+            if codec.width <= _LONG_READ_BITS:
+                self.read = h_payload.get_signal_val_long
+            else:
+                get_bin = h_payload.get_signal_val_binstr
+                self.read = lambda: int(get_bin(), 2)
+
+
+def draw_ready(rng, backpressure: float, count: int) -> list[int]:
+    """The ready values of ``count`` rx channels for one cycle (the draws the step makes)."""
+    if not backpressure:
+        return [1] * count
+    return [0 if rng.random() < backpressure else 1 for _ in range(count)]
+
+
+class LinkDriver:
+    def __init__(self, dut, clk, *, tx: dict[str, StructCodec], rx: dict[str, StructCodec],
+                 rng, backpressure: float = 0.0):
+        self.clk = clk
+        self.rng = rng
+        self.backpressure = backpressure
+        self.cycle = 0
+        self.listeners: list = []
+        self.on_cycle = None
+        self.enabled = True
+        self.error: Exception | None = None
+
+        def h(name):
+            return getattr(dut, name)._handle
+        self.tx = {n: TxChannel(n, c, h(f"{n}__valid"), h(f"{n}__ready"), h(f"{n}__payload"))
+                   for n, c in tx.items()}
+        self.rx = {n: RxChannel(n, c, h(f"{n}__valid"), h(f"{n}__ready"), h(f"{n}__payload"))
+                   for n, c in rx.items()}
+        self._tx_list = list(self.tx.values())
+        self._rx_list = list(self.rx.values())
+        self._task = None
+        self._cbhdl = None
+        self._clk_handle = None
+        self._running = False
+
+    # ---- API
+    def send(self, name: str, word_or_fields) -> int:
+        """Queue a message on tx channel ``name``; returns the packed word."""
+        return self.tx[name].push(word_or_fields)
+
+    @property
+    def pending(self) -> int:
+        return sum(len(ch.queue) for ch in self._tx_list)
+
+    def reset_link(self) -> None:
+        """Forget queued messages and drive every tx channel idle."""
+        for ch in self._tx_list:
+            ch.queue.clear()
+            ch.driven = False
+            ch.valid_out = 0
+            ch.h_valid.set_signal_val_int(0, 0)
+
+    # ---- the per-cycle work
+    def start(self) -> None:
+        """Run ``step`` at every rising clock edge (raw callback; see the module docstring).
+
+        ``COCOTB_HOST_COROUTINE=1`` uses an ordinary coroutine instead (for debugging).
+        """
+        self._running = True
+        if os.environ.get("COCOTB_HOST_COROUTINE") == "1":
+            import cocotb
+            self._task = cocotb.start_soon(self._run_coroutine())
+        else:
+            self._clk_handle = self.clk._handle
+            self._register()
+
+    def stop(self) -> None:
+        self._running = False
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        if self._cbhdl is not None:
+            self._cbhdl.deregister()
+            self._cbhdl = None
+
+    def _register(self) -> None:
+        from cocotb import simulator
+        from cocotb.triggers import RisingEdge
+        self._cbhdl = simulator.register_value_change_callback(
+            self._clk_handle, self._on_edge, RisingEdge._edge_type)
+
+    def _on_edge(self) -> None:
+        self._cbhdl = None
+        if not self._running:
+            return
+        try:
+            self.step()
+        except Exception as exc:      # a client or checker bug: stop, and let the test see it
+            self.error = exc
+            self._running = False
+            return
+        self._register()
+
+    async def _run_coroutine(self):
+        from cocotb.triggers import RisingEdge
+        edge = RisingEdge(self.clk)
+        while True:
+            await edge
+            self.step()
+
+    def step(self) -> None:
+        """One clock edge: report the transfers seen at it, then drive the next cycle."""
+        self.cycle += 1
+        cycle = self.cycle
+        listeners = self.listeners
+        for ch in self._tx_list:
+            if ch.driven and ch.h_ready.get_signal_val_long():
+                ch.driven = False
+                fields = ch.codec.unpack(ch.queue.popleft())
+                for lst in listeners:
+                    lst.on_tx(cycle, ch.name, fields)
+        for ch in self._rx_list:
+            if ch.ready_out and ch.h_valid.get_signal_val_long():
+                fields = ch.codec.unpack(ch.read())
+                for lst in listeners:
+                    lst.on_rx(cycle, ch.name, fields)
+        if self.on_cycle is not None:
+            self.on_cycle(cycle)
+        if not self.enabled:
+            return
+        for ch in self._tx_list:
+            if not ch.driven:
+                if ch.queue:
+                    word = ch.queue[0]
+                    if ch.int_payload:
+                        ch.h_payload.set_signal_val_int(0, word)
+                    else:
+                        ch.h_payload.set_signal_val_binstr(0, format(word, ch.fmt))
+                    ch.driven = True
+                    if not ch.valid_out:
+                        ch.h_valid.set_signal_val_int(0, 1)
+                        ch.valid_out = 1
+                elif ch.valid_out:
+                    ch.h_valid.set_signal_val_int(0, 0)
+                    ch.valid_out = 0
+        bp = self.backpressure
+        rng = self.rng
+        for ch in self._rx_list:
+            ready = (0 if rng.random() < bp else 1) if bp else 1
+            if ready != ch.ready_out:
+                ch.h_ready.set_signal_val_int(0, ready)
+                ch.ready_out = ready
