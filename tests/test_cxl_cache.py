@@ -18,6 +18,8 @@ DIRECTED = [
     "snoop_every_state",
     "snoop_between_evict_and_pull_sets_bogus",
     "go_err_is_used_once_and_counted",
+    "push_stream_bandwidth",
+    "coherence_stress",
 ]
 
 

@@ -15,7 +15,9 @@ order for one line). Operations and their CXL.cache flows (hw/cxl_controller/cxl
 | FLUSH | drop the line everywhere, writing back dirty data | DirtyEvict if M, else CLFlush |
 
 A READ that hits returns the cached line without CXL traffic; a WRITE that hits E or M
-writes in place. PUSH, PUSH_INV and FLUSH first drop the device's own copy. ``error`` is
+writes in place. PUSH and PUSH_INV to a line the device owns (E or M) write the new data
+back with DirtyEvict instead (ItoMWr/WrInv are for lines the device does not own); an S
+copy is dropped first. FLUSH drops the device's copy (writing back M data). ``error`` is
 set when the host answered GO-Err / poisoned data (the data is then all ones).
 """
 from amaranth.lib import data, enum, stream, wiring

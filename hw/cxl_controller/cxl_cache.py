@@ -14,8 +14,8 @@ Structure
   or an evicted line). Reads, writes and pushes to different lines overlap freely.
 - Front end (in order, one port request per cycle): a hit is served from the cache; a miss
   allocates a tracker and sends the D2H request. A fill whose slot holds another valid line
-  first evicts it (DirtyEvict for M, CleanEvict for E/S; the line moves to an evict
-  tracker and the slot frees at once). PUSH / PUSH_INV / FLUSH drop the local copy first.
+  first evicts it (DirtyEvict for M, CleanEvict for E: the line moves to an evict tracker
+  and the slot frees at once; an S copy is dropped silently). PUSH / PUSH_INV / FLUSH drop the local copy first.
 - Serialization: a request waits while any tracker holds its line (so at most one D2H
   request per line is in flight: reads are serialized per line, an evict is never
   repeated), and a fill waits while another fill holds its slot.
@@ -452,17 +452,23 @@ class CxlCacheAgent(wiring.Component):
             with m.Case(CacheOp.WRITE):
                 owned = fe_hit & ((fe_state == Mesi.E) | (fe_state == Mesi.M))
                 m.d.comb += [local.eq(owned), needs_fill.eq(~owned), flow.eq(Flow.RD_OWN_NO_DATA)]
-            with m.Case(CacheOp.PUSH):
-                m.d.comb += flow.eq(Flow.ITOM_WR)
-            with m.Case(CacheOp.PUSH_INV):
-                m.d.comb += flow.eq(Flow.WR_INV)
+            with m.Case(CacheOp.PUSH, CacheOp.PUSH_INV):
+                # A line the device owns (E/M) is written and written back (DirtyEvict with
+                # the new data); ItoMWr/WrInv are for lines the device does not own.
+                owned = fe_hit & ((fe_state == Mesi.E) | (fe_state == Mesi.M))
+                m.d.comb += flow.eq(Mux(owned, Flow.EVICT,
+                                        Mux(op == CacheOp.PUSH, Flow.ITOM_WR, Flow.WR_INV)))
             with m.Case(CacheOp.FLUSH):
                 m.d.comb += flow.eq(Mux(fe_hit & (fe_state == Mesi.M), Flow.EVICT, Flow.CL_FLUSH))
-        # A fill into a slot holding another valid line evicts that line first.
+        # A fill into a slot holding another valid line evicts that line first: an M line with
+        # DirtyEvict, an E line with CleanEvict (the host may pull it); an S copy is dropped
+        # silently (CleanEvict is for exclusive lines; the host's directory tolerates a
+        # silent drop of a shared copy).
         victim = needs_fill & (fe_state != Mesi.I) & ~fe_hit
         valid_req = self.port.req.valid & ~fe_blocked
         do_local = valid_req & local & hit_q.w_rdy
-        do_evict = valid_req & ~local & victim & cqid_ok & req_q.w_rdy
+        do_drop = valid_req & ~local & victim & (fe_state == Mesi.S)
+        do_evict = valid_req & ~local & victim & (fe_state != Mesi.S) & cqid_ok & req_q.w_rdy
         do_alloc = valid_req & ~local & ~victim & cqid_ok & req_q.w_rdy & ~(needs_fill & slot_busy)
         m.d.comb += self.port.req.ready.eq(do_local | do_alloc)
 
@@ -502,7 +508,8 @@ class CxlCacheAgent(wiring.Component):
 
         # Tracker allocation. Write data (WRITE, PUSH*) or the evicted line goes in its buffer.
         t_new_data = Signal(LINE_BITS)
-        m.d.comb += t_new_data.eq(Mux(do_evict | (flow == Flow.EVICT), c_rd_fe.data, req.data))
+        flush_own = (op == CacheOp.FLUSH) & (flow == Flow.EVICT)     # write back the cached line
+        m.d.comb += t_new_data.eq(Mux(do_evict | flush_own, c_rd_fe.data, req.data))
         m.d.comb += [t_wr_fe.addr.eq(cqid), t_wr_fe.data.eq(t_new_data),
                      t_wr_fe.en.eq(do_alloc | do_evict)]
         alloc = do_alloc | do_evict
@@ -523,12 +530,15 @@ class CxlCacheAgent(wiring.Component):
                 t_addr[cqid].eq(Mux(do_evict, victim_addr, req.addr)),
                 t_fill[cqid].eq(do_alloc & needs_fill),
                 t_got_go[cqid].eq(0),
-                t_evstate[cqid].eq(fe_state),
+                # An owned line pushed with new data is dirty now, whatever it was.
+                t_evstate[cqid].eq(Mux(do_alloc & (new_flow == Flow.EVICT), Mesi.M, fe_state)),
             ]
             # The slot's line leaves the cache: evicted, superseded by a push or flush,
             # or (an S copy) dropped before asking for ownership.
             with m.If(do_evict | (fe_hit & ~local)):
                 m.d.sync += c_state[fe_slot].eq(Mesi.I)
+        with m.If(do_drop):
+            m.d.sync += c_state[fe_slot].eq(Mesi.I)
 
         # The single cache-data write port: fills from the finisher, else WRITE hits.
         with m.If(f_cache_write):

@@ -135,6 +135,13 @@ class LinkDriver:
         ``COCOTB_HOST_COROUTINE=1`` uses an ordinary coroutine instead (for debugging).
         """
         self._running = True
+        # Start from known levels (the simulator's initial values need not be 0).
+        for ch in self._tx_list:
+            if not ch.driven:
+                ch.h_valid.set_signal_val_int(0, 0)
+                ch.valid_out = 0
+        for ch in self._rx_list:
+            ch.h_ready.set_signal_val_int(0, ch.ready_out)
         if os.environ.get("COCOTB_HOST_COROUTINE") == "1":
             import cocotb
             self._task = cocotb.start_soon(self._run_coroutine())

@@ -98,8 +98,10 @@ Interpretations where the reference is open (the permissive reading unless noted
   than "wait for earlier reads' GOs", and written so in the reference): a read issued while an
   evict or CLFlush to its line waits for its GO is flagged.
 - Bogus is never required, only allowed; Bogus on data other than evict data is not checked.
-- An evict request in the same cycle as the snoop answer that invalidated its line is accepted
-  as if the evict came first (the two are on different channels); its data may then be Bogus.
+- An evict request that arrives after a snoop answer that changed its line (and before any
+  new grant of the line) is accepted as a crossing, judged by the state before the snoop:
+  the device issued it before the snoop came, and D2H Req and Rsp are separate channels. Its
+  data may then be Bogus.
 - RspVHitV and RspVFwdV (SnpCur only) are accepted for any held state, M included.
 - Multiple RdOwnNoData are accepted anywhere, not only to device memory.
 - GO-Err is accepted for WrInv (the table lists only GO-I there).
@@ -277,7 +279,7 @@ class CxlCacheMonitor:
         self._retired: dict[int, _Request] = {}       # CQID -> last completed request, for messages
         self._line_reqs: dict[int, list[_Request]] = {}
         self._evicted: set[int] = set()               # lines whose last state change was an evict
-        self._dropped_at: dict[int, int] = {}         # line -> cycle a snoop answer invalidated it
+        self._dropped_at: dict[int, int] = {}         # line -> state before a snoop changed it
         self._snoop_line: dict[int, _Snoop] = {}
         self._snoop_uqid: dict[int, _Snoop] = {}
         self._owed: dict[int, _Owed] = {}             # UQID -> D2H data still owed
@@ -364,10 +366,15 @@ class CxlCacheMonitor:
                 self._violation(cycle, f"duplicate evict: {req} while {t} is live")
                 return
         state = self._state.get(line, _I)
+        if line in self._dropped_at:
+            # The evict crossed the snoop answer that changed the line: the device issued it
+            # before the snoop arrived, but D2H Req and Rsp are separate channels, so the host
+            # may see it later. Legal, judged by the state the device held before the snoop;
+            # its pull data may then be Bogus. Once only: a second evict is a duplicate.
+            state = self._dropped_at.pop(line)
+            req.bogus_ok = True
         if state == _I:
-            if self._dropped_at.get(line) == cycle:
-                req.bogus_ok = True         # same-cycle race with the snoop that invalidated it
-            elif line in self._evicted:
+            if line in self._evicted:
                 self._violation(cycle, f"duplicate evict: {req} with no cacheable read of the line "
                                        f"granted since its last evict")
             else:
@@ -415,9 +422,11 @@ class CxlCacheMonitor:
                     if t.op in _EVICTS and t.need & _NEED_PULL:
                         t.bogus_ok = True
             if new != before:
+                # Remember what the snoop took: an evict the device issued before the snoop
+                # came may still arrive (a crossing), judged against the state before it.
+                self._dropped_at[line] = before
                 if new == _I:
                     del self._state[line]
-                    self._dropped_at[line] = cycle
                 else:
                     self._state[line] = new
         if op in _FWD_RSP:

@@ -114,7 +114,7 @@ class VersionedMemory:
     def prune(self, oldest_live_seq: int) -> None:
         """Forget versions no read can still see: per line, keep the newest version older
         than ``oldest_live_seq`` (the oldest read still waiting) and everything newer."""
-        for line, hist in self.versions.items():
+        for hist in self.versions.values():
             keep = 0
             for i, v in enumerate(hist):
                 if v.seq < oldest_live_seq:

@@ -371,3 +371,201 @@ async def go_err_is_used_once_and_counted(dut):
     assert await b.env.csr.read("ERR_CACHE_GO") == 1
     assert (await b.env.csr.read("STATUS")) & 1
     b.finish()
+
+
+@cocotb.test()
+async def push_stream_bandwidth(dut):
+    """ItoMWr pushes at full rate against a host that pulls at once: lines per cycle."""
+    import json
+    import os
+    n = int(os.environ.get("TCXL_BENCH_LINES", "4096"))
+    b = await setup(dut)
+    stamps = []
+
+    class AutoPull:            # the host grants every push at once (GO_WritePull)
+        def on_rx(self, cycle, name, f):
+            if name == "d2h_req" and f["opcode"] == DReq.ITOM_WR.value:
+                b.host.rsp(f["cqid"], HRsp.GO_WRITE_PULL, uqid=f["cqid"])
+            elif name == "d2h_data":
+                stamps.append(cycle)
+
+        def on_tx(self, *a):
+            pass
+    b.host.link.listeners.append(AutoPull())
+    values = [b.rng.getrandbits(512) for _ in range(64)]
+    sent = 0
+    while sent < n or b.client.busy:
+        while sent < n and b.client.free_id() and b.client.link.pending < 64:
+            b.client.request(CacheOp.PUSH, 0x10000 + sent, values[sent % 64])
+            sent += 1
+        await Timer(16 * CLOCK_PERIOD_NS, unit="ns")
+        if b.client.link.error or b.host.link.error:
+            raise b.client.link.error or b.host.link.error
+    cycles = stamps[-1] - stamps[0] + 1
+    result = {"lines": n, "cycles": cycles, "cache_push_efficiency": round(n / cycles, 4),
+              "seed": b.env.seed}
+    dut._log.info(f"push bench: {result}")
+    path = os.environ.get("TCXL_RESULT_JSON")
+    if path:
+        with open(path, "w") as fh:
+            json.dump(result, fh)
+    assert len(stamps) == n
+    b.finish()
+
+
+@cocotb.test()
+async def coherence_stress(dut):
+    """The device and a host CPU cache hammer a few shared lines (some sharing a cache slot,
+    so evictions happen). Checks, all the time: the CXL.cache protocol monitor; single writer
+    or multiple readers on every line at every message; every read (device or CPU) returns
+    a value the line could hold at that time; the home agent saw no protocol error and kept
+    its obligations. Sizes: TCXL_TRANSACTIONS device operations."""
+    import json
+    import os
+    import time
+    from sim.bfm.cxl_cache_host import CxlCacheHost
+    from sim.checkers.coherence import CoherenceChecker
+    from sim.checkers.cxl_cache_monitor import CxlCacheMonitor
+    from sim.model.home_agent import HomeAgent, swmr_ok
+    from sim.model.host_cpu_cache import HostCpuCache
+
+    n_ops = int(os.environ.get("TCXL_TRANSACTIONS", "2000"))
+    env = await DeviceEnv.create(dut)
+    rng, seed, cfg = env.rng, env.seed, env.config
+    slots = cfg.cache_lines
+    base = 1 << 24                            # host memory, far above the device's HDM window
+    # 12 lines: 3 cache slots x 4 lines each, so fills evict each other.
+    lines = [base + s + k * slots for s in (3, 17, 40) for k in range(4)]
+    ha = HomeAgent((base, 1 << 16), device_hdm_range=(0, cfg.capacity_lines),
+                   rng=random.Random(seed + 3), max_delay=4, grant_m=bool(seed & 1),
+                   snp_cur_rate=0.1)
+    cpu = HostCpuCache(ha, lines, rng=random.Random(seed + 4), store_rate=0.5, evict_rate=0.05)
+    monitor = CxlCacheMonitor(device_hdm=(0, cfg.capacity_lines))
+    host = CxlCacheHost(dut, env.clk, ha, rng=random.Random(seed + 5), backpressure=0.1,
+                        mem_host=env.host, cpu=cpu, cpu_period=6)
+    host.listeners.append(monitor)
+    env.host.listeners.append(monitor)        # MemRdFwd / MemWrFwd on CXL.mem
+    client = CacheClient(dut, env.clk, rng=random.Random(seed + 6))
+    checker = CoherenceChecker()
+    coherence_violations = []
+    state_names = {"I": 0, "S": 1, "E": 2, "M": 3}
+
+    def now():
+        return host.cycle
+
+    # CPU operations are intervals too: from issue to completion.
+    issued = {}
+    for name in ("load", "store"):
+        original = getattr(cpu, name)
+
+        def wrapped(line, *a, _orig=original, **k):
+            issued[line] = now()
+            return _orig(line, *a, **k)
+        setattr(cpu, name, wrapped)
+
+    def cpu_access(kind, line, value):
+        t = now()
+        if kind == "store":
+            checker.write(line, value, issued.get(line, t), t)
+        else:
+            checker.record_read(line, value, issued.get(line, t), t, who="CPU load")
+    cpu.on_access = cpu_access
+
+    def device_answer(req, f, cycle):
+        if f["error"]:
+            return
+        op = CacheOp(req.op)
+        if op in (CacheOp.READ_SHARED, CacheOp.READ_OWN, CacheOp.READ_CURRENT):
+            checker.record_read(req.line, f["data"], req.accepted, cycle, who=f"device {op.name}")
+        elif op in (CacheOp.WRITE, CacheOp.PUSH, CacheOp.PUSH_INV):
+            checker.write(req.line, req.data, req.accepted, cycle)
+    client.on_response.append(device_answer)
+
+    class Swmr:                               # single writer / multiple readers, every message
+        def check(self, cycle):
+            for line in lines:
+                dev = state_names[monitor.coherence.granted_state(line)]
+                cpu_state = cpu.state.get(line, 0)
+                if not swmr_ok(dev, cpu_state) or not swmr_ok(*ha.dir_state(line)):
+                    coherence_violations.append(
+                        f"cycle {cycle}: line {line:#x} device {dev} cpu {cpu_state} "
+                        f"directory {ha.dir_state(line)}")
+
+        def on_d2h(self, cycle, kind, f):
+            self.check(cycle)
+
+        def on_h2d(self, cycle, kind, f):
+            self.check(cycle)
+    host.listeners.append(Swmr())
+    if os.environ.get("TCXL_TRACE"):          # every message, for debugging a failing seed
+        trace = open(os.environ["TCXL_TRACE"], "w")
+
+        def short(f):
+            return {k: (hex(v) if k != "data" else hex(v)[:14]) for k, v in f.items()}
+
+        class Trace:
+            def on_d2h(self, cycle, kind, f):
+                trace.write(f"{cycle} D2H {kind} {short(f)}\n")
+
+            def on_h2d(self, cycle, kind, f):
+                trace.write(f"{cycle} H2D {kind} {short(f)}\n")
+        host.listeners.insert(0, Trace())
+        client.on_response.append(lambda req, f, c: trace.write(
+            f"{c} PORT rsp op {CacheOp(req.op).name} line {req.line:#x} accepted {req.accepted} "
+            f"err {f['error']} data {hex(f['data'])[:14]}\n"))
+
+    ops = [CacheOp.READ_SHARED] * 25 + [CacheOp.READ_OWN] * 20 + [CacheOp.READ_CURRENT] * 10 + \
+        [CacheOp.WRITE] * 25 + [CacheOp.PUSH] * 8 + [CacheOp.PUSH_INV] * 5 + [CacheOp.FLUSH] * 7
+    host.start()
+    client.start()
+    t0 = time.perf_counter()
+    start_cycle = now()
+    done = 0
+    for _ in range(n_ops):
+        while len(client.outstanding) >= 16:
+            await Timer(8 * CLOCK_PERIOD_NS, unit="ns")
+            for drv in (host, client.link):
+                if drv.error is not None:
+                    raise drv.error
+        op = rng.choice(ops)
+        client.request(op, rng.choice(lines), rng.getrandbits(512))
+        done += 1
+        if rng.random() < 0.3:
+            await Timer(rng.randrange(1, 8) * CLOCK_PERIOD_NS, unit="ns")
+    for _ in range(20000):
+        if not client.busy and host.idle:
+            break
+        await Timer(8 * CLOCK_PERIOD_NS, unit="ns")
+        for drv in (host, client.link):
+            if drv.error is not None:
+                raise drv.error
+    assert not client.busy, f"{len(client.outstanding)} device requests never answered"
+    cycles = now() - start_cycle
+    wall = time.perf_counter() - t0
+    # Finally every line read through the device, after all writes: the latest value.
+    host.cpu_period = 0
+    final = {}
+    client.on_response.append(lambda req, f, c: final.__setitem__(req.line, (req, f, c)))
+    for line in lines:
+        client.request(CacheOp.READ_CURRENT, line)
+    for _ in range(2000):
+        if not client.busy:
+            break
+        await Timer(8 * CLOCK_PERIOD_NS, unit="ns")
+    monitor.finish(now())
+    checker.check()
+    protocol = (monitor.violations + [f"home agent: {e}" for e in ha.protocol_errors]
+                + [f"home agent obligation: {e}" for e in ha.obligation_violations])
+    result = {"transactions": n_ops, "mismatches": len(checker.violations),
+              "protocol_violations": len(protocol),
+              "coherence_violations": len(coherence_violations), "cycles": cycles,
+              "sim_cycles_per_second": round(cycles / wall), "reads_checked": checker.reads_checked,
+              "cpu": dict(cpu.counts), "seed": seed}
+    dut._log.info(f"coherence stress: {result}")
+    path = os.environ.get("TCXL_RESULT_JSON")
+    if path:
+        with open(path, "w") as fh:
+            json.dump(result, fh, indent=2, sort_keys=True)
+    problems = checker.violations[:5] + protocol[:5] + coherence_violations[:5]
+    assert not problems, f"seed {seed}:\n" + "\n".join(problems)
+    assert checker.reads_checked > n_ops // 4 and cpu.counts["stores"] > 0
