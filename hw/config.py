@@ -17,7 +17,8 @@ class DeviceConfig:
     to turn cycle counts into time (it does not change the RTL). cache_lines and
     cache_trackers: the CXL.cache agent's device cache and requests in flight.
     cache_test_port: expose the agent's internal request port as top-level ports (the
-    simulation build does, so tests can drive it until the NDP engines use it).
+    simulation build does, so tests can drive it until the NDP engines use it). bias_pages:
+    entries of the bias table (1 MiB pages in the 64 GiB default, 4 KiB in simulation).
     """
     channels: int = 4
     capacity_bytes: int = 64 << 30          # 4 x 16 GiB: an Alveo U200's four DDR4 channels
@@ -29,6 +30,7 @@ class DeviceConfig:
     cache_lines: int = 64                   # CXL.cache device cache (direct mapped)
     cache_trackers: int = 64                # CXL.cache requests in flight (CQIDs)
     cache_test_port: bool = False           # expose the internal cache port at the top
+    bias_pages: int = 65536                 # HDM-D bias table entries (page = capacity / pages)
 
     def __post_init__(self):
         def pow2(x):
@@ -42,6 +44,10 @@ class DeviceConfig:
             raise ValueError("read_ids_per_channel must be 1..256 (8-bit AXI IDs)")
         if self.writes_per_channel < 1:
             raise ValueError("writes_per_channel must be at least 1")
+        if not pow2(self.bias_pages) or not 2 <= self.bias_pages <= self.capacity_bytes // 4096 \
+                or self.bias_pages > 1 << 24:
+            raise ValueError("bias_pages must be a power of two, pages of at least 4 KiB, "
+                             "at most 2**24 pages")
         if not pow2(self.cache_lines) or not pow2(self.cache_trackers) or self.cache_trackers > 4096:
             raise ValueError("cache_lines and cache_trackers must be powers of two (trackers <= 4096)")
 
@@ -51,6 +57,7 @@ class DeviceConfig:
         (the PMEM media model holds every line in simulator memory)."""
         channels = kw.pop("channels", 4)
         kw.setdefault("cache_test_port", True)
+        kw.setdefault("bias_pages", lines_per_channel * channels * LINE_BYTES // 4096)
         return cls(channels=channels, capacity_bytes=lines_per_channel * channels * LINE_BYTES,
                    **kw)
 
@@ -66,6 +73,11 @@ class DeviceConfig:
     @property
     def lines_per_channel(self) -> int:
         return self.capacity_lines // self.channels
+
+    @property
+    def bias_page_line_bits(self) -> int:
+        """log2 of the lines in one bias page."""
+        return (self.capacity_lines // self.bias_pages - 1).bit_length()
 
     @property
     def max_outstanding_reads(self) -> int:

@@ -23,7 +23,8 @@ from .common.axi import AxiLiteSignature
 from .common.cxl_cache import D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData
 from .common.cxl_mem import M2SReq, M2SRwD, S2MNDR, S2MDRS
 from .config import DeviceConfig
-from .cxl_controller.cache_port import cache_port_signature
+from .cxl_controller.bias import BiasTable
+from .cxl_controller.cache_port import cache_port_signature, CachePortMux
 from .cxl_controller.csr import CsrBlock
 from .cxl_controller.cxl_cache import CxlCacheAgent
 from .cxl_controller.cxl_mem import CxlMemTarget, CTX
@@ -38,7 +39,6 @@ EVENT_COUNTERS = {
     "oow_rwd": "err_out_of_window_wr_inc",
     "unsupported_req": "err_unsupported_req_inc",
     "unsupported_rwd": "err_unsupported_rwd_inc",
-    "unexpected_fwd": "err_unexpected_fwd_inc",
     "poison_wr": "err_poison_wr_inc",
     "poison_rd": "err_poison_rd_inc",
     "media_error": "err_media_inc",
@@ -58,6 +58,7 @@ CACHE_EVENT_COUNTERS = {
     "go_err": "err_cache_go_inc",
     "hit": "stat_cache_hit_inc",
     "miss": "stat_cache_miss_inc",
+    "unexpected_fwd": "err_unexpected_fwd_inc",
 }
 
 
@@ -90,7 +91,8 @@ class TrainingCxlDevice(wiring.Component):
         m.submodules.mem = mem = self._mem
         m.submodules.cxl_mem = tgt = CxlMemTarget(
             addr_bits=cfg.addr_bits, capacity_lines=cfg.capacity_lines,
-            input_depth=cfg.input_depth, output_depth=cfg.output_depth)
+            input_depth=cfg.input_depth, output_depth=cfg.output_depth,
+            bias_page_bits=cfg.bias_page_line_bits)
         m.submodules.csr = csr = CsrBlock()
         m.submodules.cxl_cache = agent = CxlCacheAgent(cache_lines=cfg.cache_lines,
                                                        trackers=cfg.cache_trackers)
@@ -98,10 +100,17 @@ class TrainingCxlDevice(wiring.Component):
             wiring.connect(m, getattr(agent, name), wiring.flipped(getattr(self, name)))
         for name in ("h2d_req", "h2d_rsp", "h2d_data"):
             wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(agent, name))
+        wiring.connect(m, tgt.fwd, agent.fwd)
+        # The agent's port: the test port (or, later, the engines) and the bias engine.
+        m.submodules.bias = bias = BiasTable(pages=cfg.bias_pages,
+                                             page_line_bits=cfg.bias_page_line_bits)
+        m.submodules.port_mux = mux = CachePortMux()
+        wiring.connect(m, mux.agent, agent.port)
+        wiring.connect(m, bias.port, mux.bias)
         if cfg.cache_test_port:
-            wiring.connect(m, wiring.flipped(self.cache_port), agent.port)
+            wiring.connect(m, wiring.flipped(self.cache_port), mux.client)
         else:   # no client yet in the FPGA build: the engines (issue 4) will use it
-            m.d.comb += [agent.port.req.valid.eq(0), agent.port.rsp.ready.eq(1)]
+            m.d.comb += [mux.client.req.valid.eq(0), mux.client.rsp.ready.eq(1)]
 
         wiring.connect(m, wiring.flipped(self.m2s_req), tgt.m2s_req)
         wiring.connect(m, wiring.flipped(self.m2s_rwd), tgt.m2s_rwd)
@@ -130,6 +139,23 @@ class TrainingCxlDevice(wiring.Component):
             tgt.hdm_base.eq(Cat(csr.hdm_base_lo_addr, csr.hdm_base_hi_addr)),
             tgt.hdm_size.eq(Cat(csr.hdm_size_lo_size, csr.hdm_size_hi_size)),
             tgt.hdm_enable.eq(csr.hdm_ctrl_enable),
+        ]
+        # Bias table: the target's lookups, the CSR doorbell and status.
+        m.d.comb += [
+            bias.host_page.eq(tgt.bias_page), tgt.bias_device.eq(bias.host_device),
+            bias.host_to_host.eq(tgt.bias_to_host),
+            bias.flip_page.eq(csr.bias_flip_page), bias.flip_to_device.eq(csr.bias_flip_to_device),
+            bias.flip_seq.eq(csr.bias_doorbell_seq),
+            bias.hdm_base.eq(Cat(csr.hdm_base_lo_addr, csr.hdm_base_hi_addr)),
+            bias.query_page.eq(csr.bias_query_page),
+            csr.bias_status_busy.eq(bias.busy), csr.bias_status_error.eq(bias.error),
+            csr.bias_status_done_seq.eq(bias.done_seq),
+            csr.bias_status_query_device.eq(bias.query_device),
+            csr.bias_geometry_page_line_bits.eq(cfg.bias_page_line_bits),
+            csr.bias_geometry_pages_log2.eq((cfg.bias_pages - 1).bit_length()),
+            csr.stat_bias_to_device_inc.eq(bias.events.to_device),
+            # Flips to host bias: by a host access (the target) or by CSR (the engine).
+            csr.stat_bias_to_host_inc.eq(tgt.events.bias_to_host | bias.events.to_host),
         ]
         # Counters and status.
         ev = tgt.events

@@ -20,6 +20,7 @@ DIRECTED = [
     "go_err_is_used_once_and_counted",
     "push_stream_bandwidth",
     "coherence_stress",
+    "bias_flips",
 ]
 
 

@@ -3,6 +3,7 @@
   trainingcxl verilog -o DIR          Verilog of the device (DIR/trainingcxl_device.v)
   trainingcxl lint                    verilator --lint-only -Wall on it (hw/trainingcxl.vlt)
   trainingcxl stress --channel mem    random CXL.mem stress on Verilator, JSON + table
+  trainingcxl stress --channel cache  CXL.cache coherence stress (device vs host CPU cache)
   trainingcxl bench --json FILE       named performance figures, JSON + table
   trainingcxl regmap --format md      register map as Markdown / Python / C
   trainingcxl waves TEST              open the last waveform of TEST in GTKWave
@@ -67,9 +68,10 @@ def cmd_lint(args) -> int:
     return 0 if ok else 1
 
 
-def _run_harness_test(testcase: str, env: dict[str, str]) -> dict:
-    """Build the simulation harness, run one cocotb test of sim/tb/cxl_mem_tb.py, return
-    the result JSON it wrote."""
+def _run_harness_test(testcase: str, env: dict[str, str],
+                      module: str = "sim.tb.cxl_mem_tb") -> dict:
+    """Build the simulation harness, run one cocotb test of ``module``, return the result
+    JSON it wrote."""
     from hw.config import DeviceConfig
     from sim import runner
     from sim.harness import build_harness, TOPLEVEL
@@ -84,7 +86,7 @@ def _run_harness_test(testcase: str, env: dict[str, str]) -> dict:
         print(f"running {testcase}...", flush=True)
         error = None
         try:
-            runner.run(bdir, TOPLEVEL, "sim.tb.cxl_mem_tb", testcase, env=full_env)
+            runner.run(bdir, TOPLEVEL, module, testcase, env=full_env)
         except RuntimeError as exc:   # a failed check: the result is still written
             error = str(exc)
         if not result_path.exists():
@@ -119,20 +121,26 @@ def _seed(args) -> int:
     return seed
 
 
+STRESS = {   # --channel -> (cocotb module, test, title)
+    "mem": ("sim.tb.cxl_mem_tb", "random_stress", "CXL.mem stress"),
+    "cache": ("sim.tb.cxl_cache_tb", "coherence_stress", "CXL.cache coherence stress"),
+}
+
+
 def cmd_stress(args) -> int:
-    if args.channel != "mem":
-        print(f"stress --channel {args.channel}: not built yet (the CXL.cache agent is "
-              f"issue 3); only --channel mem exists", file=sys.stderr)
-        return 2
     if args.transactions < 1:
         print("--transactions must be at least 1", file=sys.stderr)
         return 2
     seed = _seed(args)
-    result = _run_harness_test("random_stress", {
-        "TCXL_SEED": str(seed), "TCXL_TRANSACTIONS": str(args.transactions)})
-    _emit(result, args.json, f"CXL.mem stress, {args.transactions} transactions")
-    ok = not result.get("error") and result["mismatches"] == 0 \
-        and result["protocol_violations"] == 0
+    module, test, title = STRESS[args.channel]
+    env = {"TCXL_SEED": str(seed), "TCXL_TRANSACTIONS": str(args.transactions)}
+    if args.trace:
+        env["TCXL_TRACE"] = str(pathlib.Path(args.trace).resolve())
+    result = _run_harness_test(test, env, module)
+    _emit(result, args.json, f"{title}, {args.transactions} transactions")
+    ok = not result.get("error") and all(
+        result.get(k, 0) == 0 for k in ("mismatches", "protocol_violations",
+                                         "coherence_violations"))
     return 0 if ok else 1
 
 
@@ -143,6 +151,8 @@ def cmd_bench(args) -> int:
         "TCXL_SEED": str(seed), "TCXL_BENCH_LINES": str(args.lines)})
     stress = _run_harness_test("random_stress", {
         "TCXL_SEED": str(seed), "TCXL_TRANSACTIONS": str(args.transactions)})
+    push = _run_harness_test("push_stream_bandwidth", {
+        "TCXL_SEED": str(seed), "TCXL_BENCH_LINES": str(args.lines)}, "sim.tb.cxl_cache_tb")
     from hw.config import DeviceConfig
     from sim.model.pmem_params import describe
     cfg = DeviceConfig.for_simulation()
@@ -156,6 +166,7 @@ def cmd_bench(args) -> int:
         "stress_cycles": stress["cycles"],
         "stress_mismatches": stress["mismatches"],
         "stress_protocol_violations": stress["protocol_violations"],
+        "cache_push_efficiency": push["cache_push_efficiency"],
         "clock_mhz": cfg.clock_mhz,
         "seed": seed,
         "bench_wall_seconds": round(time.perf_counter() - t0, 1),
@@ -163,7 +174,7 @@ def cmd_bench(args) -> int:
            if isinstance(v, (int, float))},
     }
     _emit(result, args.json, "TrainingCXL bench")
-    ok = not stream.get("error") and not stress.get("error")
+    ok = not any(r.get("error") for r in (stream, stress, push))
     return 0 if ok else 1
 
 
@@ -203,6 +214,7 @@ def main(argv=None) -> int:
     s.add_argument("--transactions", type=int, default=20000)
     s.add_argument("--seed", type=lambda x: int(x, 0))
     s.add_argument("--json", help="write the result here")
+    s.add_argument("--trace", help="(cache) write every CXL.cache message to this file")
     s.set_defaults(func=cmd_stress)
 
     b = sub.add_parser("bench", help="performance figures (JSON)")

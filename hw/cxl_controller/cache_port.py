@@ -13,19 +13,25 @@ order for one line). Operations and their CXL.cache flows (hw/cxl_controller/cxl
 | PUSH | write a full line to host memory, cache nothing | ItoMWr -> GO_WritePull -> data |
 | PUSH_INV | the same, strongly ordered | WrInv -> WritePull -> data -> GO-I |
 | FLUSH | drop the line everywhere, writing back dirty data | DirtyEvict if M, else CLFlush |
+| ACQUIRE | take a device-memory line from the host (to device bias) | RdOwnNoData -> MemRdFwd |
 
 A READ that hits returns the cached line without CXL traffic; a WRITE that hits E or M
 writes in place. PUSH and PUSH_INV to a line the device owns (E or M) write the new data
 back with DirtyEvict instead (ItoMWr/WrInv are for lines the device does not own); an S
 copy is dropped first. FLUSH drops the device's copy (writing back M data). ``error`` is
 set when the host answered GO-Err / poisoned data (the data is then all ones).
+
+Ids: the agent's port is shared (``CachePortMux`` in hw/top.py): ids 0x00-0x7F belong to
+the test port / engines, 0x80-0xFF to the bias engine.
 """
+from amaranth import Module, Mux
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS
 
 PORT_ID_BITS = 8
+BIAS_ENGINE_ID = 0x80        # ids with this bit set are the bias engine's
 
 
 class CacheOp(enum.Enum, shape=3):
@@ -36,6 +42,7 @@ class CacheOp(enum.Enum, shape=3):
     PUSH = 4
     PUSH_INV = 5
     FLUSH = 6
+    ACQUIRE = 7
 
 
 class CacheReq(data.Struct):
@@ -57,3 +64,30 @@ def cache_port_signature() -> wiring.Signature:
         "req": Out(stream.Signature(CacheReq)),
         "rsp": In(stream.Signature(CacheRsp)),
     })
+
+
+class CachePortMux(wiring.Component):
+    """Two clients share the agent's port: ``client`` (ids 0x00-0x7F) and ``bias``
+    (ids with BIAS_ENGINE_ID set). Requests are merged round-robin (combinational);
+    responses go back by the id's top bit."""
+
+    def __init__(self):
+        super().__init__({
+            "client": In(cache_port_signature()),
+            "bias": In(cache_port_signature()),
+            "agent": Out(cache_port_signature()),
+        })
+
+    def elaborate(self, platform):
+        from ..common.stream_util import RoundRobinArbiter
+        m = Module()
+        m.submodules.arb = arb = RoundRobinArbiter(CacheReq, 2)
+        wiring.connect(m, wiring.flipped(self.client.req), arb.inputs[0])
+        wiring.connect(m, wiring.flipped(self.bias.req), arb.inputs[1])
+        wiring.connect(m, arb.o, wiring.flipped(self.agent.req))
+        rsp = self.agent.rsp
+        to_bias = (rsp.payload.id & BIAS_ENGINE_ID) != 0
+        for port, mine in ((self.client.rsp, ~to_bias), (self.bias.rsp, to_bias)):
+            m.d.comb += [port.payload.eq(rsp.payload), port.valid.eq(rsp.valid & mine)]
+        m.d.comb += rsp.ready.eq(Mux(to_bias, self.bias.rsp.ready, self.client.rsp.ready))
+        return m

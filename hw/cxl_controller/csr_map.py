@@ -355,6 +355,33 @@ _MAP = (
            "Evict data sent with Bogus set (a snoop took the line in between)."),
     _whole("STAT_CACHE_HIT", 0x0B8, Access.COUNTER, "Internal requests served by the device cache."),
     _whole("STAT_CACHE_MISS", 0x0BC, Access.COUNTER, "Internal requests that went to CXL.cache."),
+    # --- bias table of the device's own memory, HDM-D (0x0C0-0x0DC) ---
+    Register("BIAS_FLIP", 0x0C0, (
+        Field("PAGE", 0, 24, Access.RW, doc="Page to flip (device memory page index)."),
+        Field("TO_DEVICE", 31, 1, Access.RW,
+              doc="1: flip to device bias (the device takes every line from the host); "
+                  "0: flip to host bias."),
+    ), "Bias flip request; takes effect when BIAS_DOORBELL.SEQ changes."),
+    Register("BIAS_DOORBELL", 0x0C4, (
+        Field("SEQ", 0, 8, Access.RW, doc="Write a new value to start the flip in BIAS_FLIP."),
+    ), "Bias flip doorbell (a sequence number)."),
+    Register("BIAS_STATUS", 0x0C8, (
+        Field("BUSY", 0, 1, Access.RO, doc="A flip is in progress."),
+        Field("ERROR", 1, 1, Access.RO, doc="The last flip failed (the host answered an error); "
+                                             "the page stayed in host bias."),
+        Field("DONE_SEQ", 8, 8, Access.RO, doc="BIAS_DOORBELL.SEQ of the last flip done."),
+        Field("QUERY_DEVICE", 16, 1, Access.RO, doc="Bias of BIAS_QUERY.PAGE: 1 = device."),
+    ), "Bias engine status and page query result."),
+    Register("BIAS_QUERY", 0x0CC, (
+        Field("PAGE", 0, 24, Access.RW, doc="Page whose bias BIAS_STATUS.QUERY_DEVICE shows."),
+    ), "Bias page query."),
+    Register("BIAS_GEOMETRY", 0x0D0, (
+        Field("PAGE_LINE_BITS", 0, 8, Access.RO, doc="log2 of the 64-byte lines in a bias page."),
+        Field("PAGES_LOG2", 8, 8, Access.RO, doc="log2 of the number of bias pages."),
+    ), "Bias table geometry."),
+    _whole("STAT_BIAS_TO_DEVICE", 0x0D8, Access.COUNTER, "Pages flipped to device bias."),
+    _whole("STAT_BIAS_TO_HOST", 0x0DC, Access.COUNTER,
+           "Pages flipped to host bias (by CSR or by a host access to a device-bias page)."),
 )
 
 check_map(_MAP)

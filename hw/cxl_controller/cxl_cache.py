@@ -22,6 +22,9 @@ Structure
 - H2D responses and data update the trackers; pulls queue for the data sender; every
   finished flow goes through one finisher that fills the cache (in the granted state;
   GO-I/GO-Err lines are used once, not cached), answers the port and frees the CQID.
+- ACQUIRE (host -> device bias for a line of the device's own memory): RdOwnNoData,
+  finished by the host's MemRdFwd on CXL.mem (``fwd``, Tag = CQID); a Fwd matching no live
+  ACQUIRE is counted (``unexpected_fwd``) and dropped.
 - Snoops, one at a time: a hit answers from the line's state (M: *FwdM + data; E/S:
   RspIHitSE / RspSHitSE; SnpCur: RspVHitV / RspVFwdV) and downgrades it; a line between its
   evict request and the host's pull answers from the evict tracker and marks the later
@@ -44,9 +47,10 @@ from ..common.cxl_cache import (D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData
 from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS
 from ..common.stream_util import RoundRobinArbiter
 from .cache_port import CacheRsp, CacheOp, cache_port_signature
+from .cxl_mem import FWD
 
 CACHE_EVENTS = ("d2h_req", "snoop", "snoop_hit", "evict_dirty", "evict_clean", "bogus",
-                "go_err", "hit", "miss")
+                "go_err", "hit", "miss", "unexpected_fwd")
 
 
 class Mesi(enum.Enum, shape=2):
@@ -56,7 +60,7 @@ class Mesi(enum.Enum, shape=2):
     M = 3
 
 
-class Flow(enum.Enum, shape=3):
+class Flow(enum.Enum, shape=4):
     """The D2H flow a tracker runs."""
     RD_SHARED = 0
     RD_OWN = 1
@@ -66,6 +70,7 @@ class Flow(enum.Enum, shape=3):
     WR_INV = 5
     CL_FLUSH = 6
     EVICT = 7
+    ACQUIRE = 8          # RdOwnNoData to device memory, completed by MemRdFwd
 
 
 def _pow2(x):
@@ -84,6 +89,7 @@ class CxlCacheAgent(wiring.Component):
             "h2d_req": In(stream.Signature(H2DReq)),
             "h2d_rsp": In(stream.Signature(H2DRsp)),
             "h2d_data": In(stream.Signature(H2DData)),
+            "fwd": In(stream.Signature(FWD)),
             "port": In(cache_port_signature()),
             "events": Out(data.StructLayout({e: 1 for e in CACHE_EVENTS})),
         })
@@ -131,7 +137,7 @@ class CxlCacheAgent(wiring.Component):
             return ([mem_.write_port() for _ in range(writers)],
                     [mem_.read_port(domain="comb") for _ in range(readers)])
         static = data.StructLayout({"flow": Flow, "port": 1, "id": 8})   # set at allocation
-        (st_wr,), (st_r, st_d, st_p, st_f) = tmem("t_static", static, 1, 4)
+        (st_wr,), (st_r, st_d, st_p, st_f, st_w) = tmem("t_static", static, 1, 5)
         (gd_alloc, gd_set), (gd_r,) = tmem("t_got_data", 1, 2, 1)
         (sn_alloc, sn_set), (sn_r,) = tmem("t_sent", 1, 2, 1)         # pull data sent
         (go_alloc, go_set), (go_f,) = tmem("t_go", GOState, 2, 1)
@@ -175,9 +181,10 @@ class CxlCacheAgent(wiring.Component):
         comp_rsp = fifo.SyncFIFO(width=nb or 1, depth=n)
         comp_data = fifo.SyncFIFO(width=nb or 1, depth=n)
         comp_pull = fifo.SyncFIFO(width=nb or 1, depth=n)
-        m.submodules += [comp_rsp, comp_data, comp_pull]
-        m.submodules.comp_arb = comp_arb = RoundRobinArbiter(nb or 1, 3)
-        for q, a in zip((comp_rsp, comp_data, comp_pull), comp_arb.inputs, strict=True):
+        comp_fwd = fifo.SyncFIFO(width=nb or 1, depth=n)
+        m.submodules += [comp_rsp, comp_data, comp_pull, comp_fwd]
+        m.submodules.comp_arb = comp_arb = RoundRobinArbiter(nb or 1, 4)
+        for q, a in zip((comp_rsp, comp_data, comp_pull, comp_fwd), comp_arb.inputs, strict=True):
             m.d.comb += [a.payload.eq(q.r_data), a.valid.eq(q.r_rdy), q.r_en.eq(a.ready)]
         # Pulls waiting for the data sender: (CQID, host UQID).
         pull_layout = data.StructLayout({"cqid": nb or 1, "uqid": QID_BITS})
@@ -235,7 +242,7 @@ class CxlCacheAgent(wiring.Component):
             with m.Switch(r_flow):
                 with m.Case(Flow.RD_SHARED, Flow.RD_OWN):
                     m.d.comb += r_complete.eq((rsp.opcode == HRsp.GO) & data_here)
-                with m.Case(Flow.RD_OWN_NO_DATA, Flow.CL_FLUSH):
+                with m.Case(Flow.RD_OWN_NO_DATA, Flow.CL_FLUSH, Flow.ACQUIRE):
                     m.d.comb += r_complete.eq(rsp.opcode == HRsp.GO)
                 with m.Case(Flow.WR_INV):
                     m.d.comb += r_complete.eq((rsp.opcode == HRsp.GO) & sent_here)
@@ -263,6 +270,18 @@ class CxlCacheAgent(wiring.Component):
             t_wr_h2d.addr.eq(d_c), t_wr_h2d.data.eq(dat.data), t_wr_h2d.en.eq(d_fire),
             comp_data.w_data.eq(d_c), comp_data.w_en.eq(d_fire & d_complete),
         ]
+
+        # ------------------------------------------------------------ MemRdFwd / MemWrFwd
+        # The host's answer, on CXL.mem, to an ACQUIRE of a device-memory line (Tag = CQID).
+        fw = self.fwd.payload
+        fw_c = Signal(nb or 1)
+        m.d.comb += [fw_c.eq(fw.cqid[:nb or 1]), self.fwd.ready.eq(1), st_w.addr.eq(fw_c)]
+        fw_ok = (t_valid[fw_c] & (static(st_w.data).flow == Flow.ACQUIRE) & ~fw.write &
+                 (fw.cqid[nb:] == 0 if nb < len(fw.cqid) else 1))
+        m.d.comb += [comp_fwd.w_data.eq(fw_c), comp_fwd.w_en.eq(self.fwd.valid & fw_ok),
+                     ev.unexpected_fwd.eq(self.fwd.valid & ~fw_ok)]
+        with m.If(self.fwd.valid & fw_ok):
+            m.d.sync += t_got_go[fw_c].eq(1)
 
         # ------------------------------------------------------------ pull data sender
         pull = pull_layout(pull_q.r_data)
@@ -460,6 +479,8 @@ class CxlCacheAgent(wiring.Component):
                                         Mux(op == CacheOp.PUSH, Flow.ITOM_WR, Flow.WR_INV)))
             with m.Case(CacheOp.FLUSH):
                 m.d.comb += flow.eq(Mux(fe_hit & (fe_state == Mesi.M), Flow.EVICT, Flow.CL_FLUSH))
+            with m.Case(CacheOp.ACQUIRE):      # device memory: never in the cache
+                m.d.comb += flow.eq(Flow.ACQUIRE)
         # A fill into a slot holding another valid line evicts that line first: an M line with
         # DirtyEvict, an E line with CleanEvict (the host may pull it); an S copy is dropped
         # silently (CleanEvict is for exclusive lines; the host's directory tolerates a
@@ -501,7 +522,8 @@ class CxlCacheAgent(wiring.Component):
                                 (Flow.RD_CURR, DReq.RD_CURR),
                                 (Flow.RD_OWN_NO_DATA, DReq.RD_OWN_NO_DATA),
                                 (Flow.ITOM_WR, DReq.ITOM_WR), (Flow.WR_INV, DReq.WR_INV),
-                                (Flow.CL_FLUSH, DReq.CL_FLUSH), (Flow.EVICT, DReq.DIRTY_EVICT)):
+                                (Flow.CL_FLUSH, DReq.CL_FLUSH), (Flow.EVICT, DReq.DIRTY_EVICT),
+                                (Flow.ACQUIRE, DReq.RD_OWN_NO_DATA)):
                     with m.Case(f):
                         m.d.comb += d2h.opcode.eq(code)
         m.d.comb += [ev.d2h_req.eq(do_alloc | do_evict), free.r_en.eq(do_alloc | do_evict)]

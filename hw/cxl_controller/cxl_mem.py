@@ -21,8 +21,10 @@ Answers (docs/cxl-reference.md §1 "Expected responses"; Tag and LD-ID always ec
   line is in the persistence domain. Poison=1 stores the line poisoned.
 - Outside the window: reads (MemRd, MemRdData) answer one DRS MemData-NXM with all-ones
   data and no NDR; other Req answer NDR Cmp; writes answer NDR Cmp without effect.
-- MemRdFwd / MemWrFwd: completions of device CXL.cache requests; with none outstanding they
-  are dropped and counted (no response exists for them).
+- MemRdFwd / MemWrFwd: completions of the device's CXL.cache requests to its own memory
+  (host-bias resolution); handed to the agent on ``fwd`` (Tag = CQID), never answered.
+- Bias (HDM-D): a host access to a line of a device-bias page first flips the page to host
+  bias (``bias_to_host``); the device caches no device-memory lines, so nothing is flushed.
 - BIConflict: BI-ConflictAck at once (HDM-D: no back-invalidate snoop can be pending);
   counted as unsupported.
 - Any other Req or RwD opcode (TEE, MemClnEvct, MemRdFill, reserved): NDR Cmp, no effect,
@@ -57,26 +59,32 @@ CTX = data.StructLayout({"tag": TAG_BITS, "ld_id": LD_ID_BITS, "ndr_opcode": NDR
 # FIFOs (input, channel, output) and 1 in the decode stage.
 PIPELINE_READ_CYCLES = 7
 
-EVENTS = ("oow_req", "oow_rwd", "unsupported_req", "unsupported_rwd", "unexpected_fwd",
+EVENTS = ("oow_req", "oow_rwd", "unsupported_req", "unsupported_rwd",
           "poison_wr", "poison_rd", "media_error", "rd_line", "wr_line", "spec_rd_dropped",
-          "inv")
+          "inv", "bias_to_host")
+
+# MemRdFwd / MemWrFwd handed to the CXL.cache agent: they complete its D2H requests.
+FWD = data.StructLayout({"cqid": TAG_BITS, "write": 1})
 
 
 class Action(data.Struct):
     """What the decode stage decided for one M2S message."""
     mem: 1            # issue a media request (read or write)
     write: 1
+    fwd: 1            # a MemRdFwd/MemWrFwd for the CXL.cache agent
     ndr: 1            # send an NDR now (no media access)
     nxm: 1            # send a DRS MemData-NXM now
     ndr_opcode: NDROpcode
 
 
 class CxlMemTarget(wiring.Component):
-    def __init__(self, *, addr_bits, capacity_lines, input_depth=4, output_depth=4):
+    def __init__(self, *, addr_bits, capacity_lines, input_depth=4, output_depth=4,
+                 bias_page_bits=6):
         self.addr_bits = addr_bits
         self.capacity_lines = capacity_lines
         self.input_depth = input_depth
         self.output_depth = output_depth
+        self.bias_page_bits = bias_page_bits      # log2(lines per bias page)
         self.mem_req_layout = mem_request_layout(addr_bits, CTX.size)
         super().__init__({
             "m2s_req": In(stream.Signature(M2SReq)),
@@ -89,6 +97,12 @@ class CxlMemTarget(wiring.Component):
             "hdm_base": In(LINE_ADDR_BITS),
             "hdm_size": In(LINE_ADDR_BITS),
             "hdm_enable": In(1),
+            "fwd": Out(stream.Signature(FWD)),
+            # Bias table lookup (hw/cxl_controller/bias.py): the page of the message being
+            # decoded, whether it is in device bias, and a pulse flipping it to host bias.
+            "bias_page": Out(max(addr_bits - bias_page_bits, 1)),
+            "bias_device": In(1),
+            "bias_to_host": Out(1),
             "events": Out(data.StructLayout({e: 1 for e in EVENTS})),
         })
 
@@ -166,7 +180,7 @@ class CxlMemTarget(wiring.Component):
                 with m.Case(M2SReqOpcode.MEM_SPEC_RD):
                     m.d.comb += dec_events.spec_rd_dropped.eq(1)
                 with m.Case(M2SReqOpcode.MEM_RD_FWD, M2SReqOpcode.MEM_WR_FWD):
-                    m.d.comb += dec_events.unexpected_fwd.eq(1)
+                    m.d.comb += act.fwd.eq(1)
                 with m.Default():
                     m.d.comb += [act.ndr.eq(1), act.ndr_opcode.eq(NDROpcode.CMP),
                                  dec_events.unsupported_req.eq(1)]
@@ -208,16 +222,20 @@ class CxlMemTarget(wiring.Component):
                      imm_in.ld_id.eq(st_ld_id), imm_fifo.w_data.eq(imm_in)]
 
         needs_imm = st_act.ndr | st_act.nxm
+        st_tag_is_wr = Signal()
         m.d.comb += [
             self.mem_req.payload.eq(st_mem),
             self.mem_req.valid.eq(st_valid & st_act.mem),
             imm_fifo.w_en.eq(st_valid & needs_imm),
+            self.fwd.payload.cqid.eq(st_tag), self.fwd.payload.write.eq(st_tag_is_wr),
+            self.fwd.valid.eq(st_valid & st_act.fwd),
         ]
         st_done = Signal()
         m.d.comb += st_done.eq(~st_valid |
                                (st_act.mem & self.mem_req.ready) |
                                (needs_imm & imm_fifo.w_rdy) |
-                               (~st_act.mem & ~needs_imm))
+                               (st_act.fwd & self.fwd.ready) |
+                               (~st_act.mem & ~needs_imm & ~st_act.fwd))
         m.d.comb += in_fifo.r_en.eq(st_done)
         with m.If(st_done):
             m.d.sync += st_valid.eq(in_fifo.r_rdy)
@@ -228,6 +246,7 @@ class CxlMemTarget(wiring.Component):
                          ctx.ndr_opcode.eq(act.ndr_opcode)]
             m.d.sync += [
                 st_act.eq(act), st_tag.eq(msg.tag), st_ld_id.eq(msg.ld_id),
+                st_tag_is_wr.eq(req_op == M2SReqOpcode.MEM_WR_FWD),
                 st_mem.write.eq(act.write),
                 st_mem.addr.eq(offset[:self.addr_bits]),
                 st_mem.strb.eq(strb),
@@ -235,6 +254,14 @@ class CxlMemTarget(wiring.Component):
                 st_mem.data.eq(msg.data),
                 st_mem.ctx.eq(ctx),
             ]
+        # Bias: a host access (read, write, invalidate) inside the window to a device-bias
+        # page flips the page to host bias as the message is decoded.
+        m.d.comb += self.bias_page.eq(offset[self.bias_page_bits:self.addr_bits])
+        host_access = in_window & (act.mem | (~inc.is_rwd & ((req_op == M2SReqOpcode.MEM_INV) |
+                                                             (req_op == M2SReqOpcode.MEM_INV_NT))))
+        m.d.comb += self.bias_to_host.eq(take & host_access & self.bias_device)
+        with m.If(self.bias_to_host):
+            m.d.comb += dec_events.bias_to_host.eq(1)
         # Events are counted when a message is decoded (each message exactly once).
         dec_ev_q = Signal.like(ev)
         m.d.sync += dec_ev_q.eq(Mux(take, dec_events.as_value(), 0))

@@ -2,17 +2,20 @@
 
 Stands in for the device blocks (embedding engines, checkpoint DMA) until they exist:
 ``request(op, line, data=0) -> id`` queues a CacheReq; ``on_response`` listeners get
-``(request, response_fields, cycle)`` where request = ``ClientRequest``. Ids are 8 bits
+``(request, response_fields, cycle)`` where request = ``ClientRequest``. Ids are 7 bits
 and never reused while outstanding. Built on the generic LinkDriver (sim/bfm/link.py), so
-it costs one raw callback per cycle and no coroutine.
+it costs one raw callback per cycle and no coroutine. Ids 0x00-0x7F are the client's (the bias
+engine uses the others).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hw.cxl_controller.cache_port import CacheReq, CacheRsp, CacheOp, PORT_ID_BITS
+from hw.cxl_controller.cache_port import CacheReq, CacheRsp, CacheOp, BIAS_ENGINE_ID
 from ..model.codec import StructCodec
 from .link import LinkDriver
+
+CLIENT_IDS = BIAS_ENGINE_ID          # ids 0x00-0x7F are the client's; the rest, the bias engine's
 
 REQ = StructCodec(CacheReq)
 RSP = StructCodec(CacheRsp)
@@ -47,15 +50,15 @@ class CacheClient:
         return bool(self.outstanding)
 
     def free_id(self) -> bool:
-        return len(self.outstanding) < (1 << PORT_ID_BITS)
+        return len(self.outstanding) < CLIENT_IDS
 
     def request(self, op: CacheOp, line: int, data: int = 0) -> int:
         if not self.free_id():
-            raise RuntimeError("256 requests outstanding: wait for responses first")
+            raise RuntimeError(f"{CLIENT_IDS} requests outstanding: wait for responses first")
         while self._next_id in self.outstanding:
-            self._next_id = (self._next_id + 1) % (1 << PORT_ID_BITS)
+            self._next_id = (self._next_id + 1) % CLIENT_IDS
         rid = self._next_id
-        self._next_id = (rid + 1) % (1 << PORT_ID_BITS)
+        self._next_id = (rid + 1) % CLIENT_IDS
         self.outstanding[rid] = ClientRequest(rid, op.value, line, data, self.cycle)
         self.link.send("cache_port__req", {"op": op.value, "addr": line, "id": rid, "data": data})
         return rid

@@ -315,6 +315,9 @@ class CxlCacheMonitor:
         else:
             raise ValueError(f"unknown H2D kind {kind!r}")
 
+    def on_s2m(self, cycle, kind, fields):
+        """S2M messages (from the CXL.mem host BFM) carry nothing this monitor judges."""
+
     def on_m2s(self, seq: int, cycle: int, kind: str, fields: dict) -> None:
         if kind != "req":
             return

@@ -569,3 +569,70 @@ async def coherence_stress(dut):
     problems = checker.violations[:5] + protocol[:5] + coherence_violations[:5]
     assert not problems, f"seed {seed}:\n" + "\n".join(problems)
     assert checker.reads_checked > n_ops // 4 and cpu.counts["stores"] > 0
+
+
+@cocotb.test()
+async def bias_flips(dut):
+    """HDM-D bias: a CSR flip to device bias takes every line of the page from the host
+    (RdOwnNoData answered by MemRdFwd on CXL.mem); a host CXL.mem access to a device-bias
+    page flips it back to host bias; a CSR flip to host bias is immediate."""
+    from sim.bfm.cxl_cache_host import CxlCacheHost
+    from sim.checkers.cxl_cache_monitor import CxlCacheMonitor
+    from sim.model.home_agent import HomeAgent
+    from hw.cxl_controller.csr_map import field
+    env = await DeviceEnv.create(dut)
+    cfg = env.config
+    ha = HomeAgent((1 << 24, 1 << 16), device_hdm_range=(0, cfg.capacity_lines))
+    monitor = CxlCacheMonitor(device_hdm=(0, cfg.capacity_lines))
+    host = CxlCacheHost(dut, env.clk, ha, rng=random.Random(env.seed), mem_host=env.host)
+    host.listeners.append(monitor)
+    env.host.listeners.append(monitor)
+    host.start()
+    csr = env.csr
+    geometry = await csr.read("BIAS_GEOMETRY")
+    page_lines = 1 << (geometry & 0xFF)
+    assert page_lines == cfg.capacity_lines // cfg.bias_pages
+    to_device = 1 << field("BIAS_FLIP", "TO_DEVICE").lsb
+    done_shift = field("BIAS_STATUS", "DONE_SEQ").lsb
+    query_bit = 1 << field("BIAS_STATUS", "QUERY_DEVICE").lsb
+
+    async def flip(page, device, seq):
+        await csr.write("BIAS_FLIP", page | (to_device if device else 0))
+        await csr.write("BIAS_DOORBELL", seq)
+        for _ in range(400):
+            status = await csr.read("BIAS_STATUS")
+            if (status >> done_shift) & 0xFF == seq and not status & 1:
+                assert not status & 2, "flip reported an error"
+                return
+            await Timer(16 * CLOCK_PERIOD_NS, unit="ns")
+        raise TimeoutError(f"bias flip of page {page} did not finish")
+
+    async def is_device(page):
+        await csr.write("BIAS_QUERY", page)
+        return bool(await csr.read("BIAS_STATUS") & query_bit)
+
+    assert not await is_device(5), "reset state: host bias"
+    await flip(5, True, 1)
+    assert await is_device(5) and not await is_device(4)
+    page5 = set(range(5 * page_lines, 6 * page_lines))
+    assert page5 <= monitor.device_bias_lines, "every line taken by MemRdFwd before the flip"
+    assert await csr.read("STAT_BIAS_TO_DEVICE") == 1
+    # A host read of the page: answered normally, and the page goes back to host bias.
+    env.poke(5 * page_lines + 3, 0xB1A5)
+    env.host.send_req(opcode=1, snp_type=0, meta_field=3, meta_value=0, tag=0x77,
+                      addr=5 * page_lines + 3, ld_id=0)
+    await env.wait_idle()
+    assert not await is_device(5)
+    assert await csr.read("STAT_BIAS_TO_HOST") == 1
+    # CSR flips both ways on another page.
+    await flip(9, True, 2)
+    assert await is_device(9)
+    await flip(9, False, 3)
+    assert not await is_device(9)
+    assert await csr.read("STAT_BIAS_TO_HOST") == 2
+    assert await csr.read("ERR_UNEXPECTED_FWD") == 0
+    await env.finish()
+    env.assert_clean()
+    monitor.finish(host.cycle)
+    assert not monitor.violations, "\n".join(monitor.violations[:10])
+    assert not ha.protocol_errors, ha.protocol_errors[:5]
