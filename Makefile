@@ -59,6 +59,7 @@ bench: install
 
 stress: install
 	$(TCXL) stress --channel mem --transactions 20000 --json build/stress.json
+	$(TCXL) stress --channel cache --transactions 20000 --json build/stress-cache.json
 
 regmap: install
 	$(PY) -c "import tools.docs as d; d.update()"

@@ -96,6 +96,9 @@ def build(name: str, sources: list[pathlib.Path], toplevel: str, *,
     # ALWNEVER: Amaranth emits `always @*` blocks that only assign constants.
     args = ["-Wno-lint", "-Wno-style", "-Wno-ALWNEVER", "-O3",
             "--x-assign", "fast", "--x-initial", "fast", *extra_args]
+    if os.environ.get("TCXL_VERILATOR_THREADS"):
+        args += ["--threads", os.environ["TCXL_VERILATOR_THREADS"]]
+        bdir = bdir.with_name(bdir.name + f"-t{os.environ['TCXL_VERILATOR_THREADS']}")
     if waves:
         args += ["--trace-fst" if fst_available() else "--trace", "--trace-structs"]
     runner = get_runner("verilator") if all_public else _fast_verilator()

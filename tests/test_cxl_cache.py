@@ -21,6 +21,7 @@ DIRECTED = [
     "push_stream_bandwidth",
     "coherence_stress",
     "bias_flips",
+    "go_err_write_pull_still_sends_data",
 ]
 
 

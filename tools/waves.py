@@ -2,7 +2,8 @@
 
 Tests dump waves when run with ``WAVES=1`` (FST with liblz4-dev, else VCD); sim/runner.py
 copies each dump to ``build/waves/<test>.fst|vcd``. This writes ``build/waves/<test>.gtkw``
-with one group per interface (the CXL.mem channels, the CSR port, each PMEM channel), the
+with one group per interface (CXL.mem and CXL.cache channels, the cache port, the CSR port,
+each PMEM channel), the
 signal widths taken from the layouts in hw/ (never retyped), then starts GTKWave. Without
 a display it only writes the save file and prints the command to use.
 """
@@ -20,12 +21,14 @@ TOP = "tcxl_harness"
 
 def _groups():
     from hw.config import DeviceConfig
-    from sim.harness import DeviceHarness
+    from sim.harness import DeviceHarness, DEVICE_PORTS
     cfg = DeviceConfig.for_simulation()
     harness = DeviceHarness(cfg)
     groups = []
     top = harness.signature.members
-    for name in ("m2s_req", "m2s_rwd", "s2m_ndr", "s2m_drs", "csr"):
+    for name in DEVICE_PORTS:
+        if name not in top or top[name].is_port:
+            continue
         sigs = []
         for (path, member) in _members(top[name]):
             sigs.append((f"{TOP}.{name}__{'__'.join(path)}", _width(member)))

@@ -636,3 +636,20 @@ async def bias_flips(dut):
     monitor.finish(host.cycle)
     assert not monitor.violations, "\n".join(monitor.violations[:10])
     assert not ha.protocol_errors, ha.protocol_errors[:5]
+
+
+@cocotb.test()
+async def go_err_write_pull_still_sends_data(dut):
+    """GO_ERR_WritePull: the device still sends its data (the host drops it) and the port
+    answers with the error; the agent counts it."""
+    b = await setup(dut)
+    rid = b.client.request(CacheOp.PUSH, 0x4321, 0xDEAD)
+    (r,) = await b.d2h_req()
+    assert r["opcode"] == DReq.ITOM_WR.value
+    b.host.rsp(r["cqid"], HRsp.GO_ERR_WRITE_PULL, uqid=0x9)
+    ans = await b.answer(rid)
+    assert ans["error"] == 1
+    (d,) = b.host.got["d2h_data"]
+    assert d["uqid"] == 0x9 and d["data"] == 0xDEAD
+    assert await b.env.csr.read("ERR_CACHE_GO") == 1
+    b.finish()
