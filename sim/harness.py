@@ -82,6 +82,7 @@ def build_harness(config: DeviceConfig) -> pathlib.Path:
     vdir.mkdir(parents=True, exist_ok=True)
     vfile = vdir / f"{TOPLEVEL}.v"
     text = verilog.convert(DeviceHarness(config), name=TOPLEVEL, emit_src=False)
-    if not vfile.exists() or vfile.read_text() != text:     # keep mtime: no needless rebuild
-        vfile.write_text(text)
+    with runner.build_lock(vdir):   # another worker may be writing the same file
+        if not vfile.exists() or vfile.read_text() != text:   # keep mtime: no needless rebuild
+            vfile.write_text(text)
     return runner.build(name, [vfile, MEDIA_SV, MEDIA_VLT], TOPLEVEL)

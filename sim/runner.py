@@ -14,6 +14,8 @@ Contract:
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pathlib
 import shutil
@@ -69,6 +71,16 @@ def _fast_verilator():
     return FastVerilator()
 
 
+@contextlib.contextmanager
+def build_lock(bdir: pathlib.Path):
+    """Exclusive, cross-process lock for one build folder (pytest-xdist workers build the
+    same models). Not reentrant: take it around one step at a time."""
+    bdir.parent.mkdir(parents=True, exist_ok=True)
+    with open(bdir.parent / f".{bdir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def waves_requested() -> bool:
     return os.environ.get("WAVES", "0") not in ("", "0")
 
@@ -102,10 +114,14 @@ def build(name: str, sources: list[pathlib.Path], toplevel: str, *,
     if waves:
         args += ["--trace-fst" if fst_available() else "--trace", "--trace-structs"]
     runner = get_runner("verilator") if all_public else _fast_verilator()
-    runner.build(sources=[str(s) for s in sources], hdl_toplevel=toplevel,
-                 build_dir=str(bdir), waves=waves, timescale=("1ns", "1ps"),
-                 parameters=params,
-                 build_args=args, always=False, log_file=str(bdir / "build.log"))
+    # One build per folder at a time, across processes (pytest-xdist workers): a second
+    # builder waits, then finds everything up to date instead of relinking a binary that
+    # the first one is already running ("Text file busy").
+    with build_lock(bdir):
+        runner.build(sources=[str(s) for s in sources], hdl_toplevel=toplevel,
+                     build_dir=str(bdir), waves=waves, timescale=("1ns", "1ps"),
+                     parameters=params,
+                     build_args=args, always=False, log_file=str(bdir / "build.log"))
     return bdir
 
 
