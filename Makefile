@@ -53,7 +53,8 @@ waves: install
 	@test -n "$(TEST)" || { echo "usage: make waves TEST=<cocotb test name>"; exit 2; }
 	$(TCXL) waves $(TEST)
 
-# The main job today: performance figures plus a 20k-transaction stress, JSON in build/.
+# The main job today: CXL.mem read efficiency, CXL.cache push efficiency and a
+# 20k-transaction stress with its simulation speed, JSON in build/bench.json.
 bench: install
 	$(TCXL) bench --json build/bench.json
 
