@@ -19,7 +19,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,oracle]'
 	@# FST waves need liblz4-dev, faster rebuilds ccache (Debian). Only as root; without
 	@# them the flow still works (VCD waves, plain g++).
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \

@@ -6,6 +6,7 @@
   trainingcxl stress --channel cache  CXL.cache coherence stress (device vs host CPU cache)
   trainingcxl bench --json FILE       named performance figures, JSON + table
   trainingcxl regmap --format md      register map as Markdown / Python / C
+  trainingcxl trace --preset P        a seeded DLRM trace (TBE layout, documented .npz format)
   trainingcxl waves TEST              open the last waveform of TEST in GTKWave
 
 Every simulation command prints its seed and accepts --seed to replay. Results go to the
@@ -233,6 +234,9 @@ def main(argv=None) -> int:
     w.add_argument("test", help="cocotb test name, e.g. random_stress")
     w.add_argument("--no-gui", action="store_true", help="only write the .gtkw save file")
     w.set_defaults(func=cmd_waves)
+
+    from tools.trace_cmd import add_trace_parser
+    add_trace_parser(sub)
 
     args = p.parse_args(argv)
     return args.func(args)
