@@ -7,6 +7,7 @@
   trainingcxl bench --json FILE       named performance figures, JSON + table
   trainingcxl regmap --format md      register map as Markdown / Python / C
   trainingcxl trace --preset P        a seeded DLRM trace (TBE layout, documented .npz format)
+  trainingcxl fp32 --n 1000000        FP32 units against the exact reference, JSON + table
   trainingcxl waves TEST              open the last waveform of TEST in GTKWave
 
 Every simulation command prints its seed and accepts --seed to replay. Results go to the
@@ -179,6 +180,23 @@ def cmd_bench(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_fp32(args) -> int:
+    from sim.tb.fp32_campaign import OPS, run_fp32_campaign
+    seed = _seed(args)
+    ops = list(OPS) if args.op == "all" else [args.op]
+    results = {op: run_fp32_campaign(op, args.n, seed) for op in ops}
+    flat = {}
+    for op, r in results.items():
+        flat[f"{op}_vectors"] = r["vectors"]
+        flat[f"{op}_mismatches"] = r["mismatches"]
+        flat[f"{op}_seconds"] = round(r["seconds"], 2)
+        for i, mm in enumerate(r.get("first_mismatches", [])[:3]):
+            flat[f"{op}_mismatch_{i}"] = str(mm)
+    flat["seed"] = seed
+    _emit(flat, args.json, f"FP32 units against the exact reference, {args.n} vectors per operator")
+    return 1 if any(r["mismatches"] for r in results.values()) else 0
+
+
 def cmd_regmap(args) -> int:
     from tools import regmap
     text = {"md": regmap.markdown, "py": regmap.python_constants,
@@ -224,6 +242,13 @@ def main(argv=None) -> int:
     b.add_argument("--transactions", type=int, default=20000, help="stress size")
     b.add_argument("--seed", type=lambda x: int(x, 0))
     b.set_defaults(func=cmd_bench)
+
+    f = sub.add_parser("fp32", help="bit-exact campaign of the FP32 units (FMA, add, mul, div)")
+    f.add_argument("--op", default="all", choices=["fma", "add", "mul", "div", "all"])
+    f.add_argument("--n", type=int, default=1_000_000, help="vectors per operator")
+    f.add_argument("--seed", type=lambda x: int(x, 0))
+    f.add_argument("--json", help="write the result here")
+    f.set_defaults(func=cmd_fp32)
 
     r = sub.add_parser("regmap", help="the register map as Markdown, Python or C")
     r.add_argument("--format", choices=["md", "py", "c"], default="md")
