@@ -146,6 +146,10 @@ class LinkDriver:
             import cocotb
             self._task = cocotb.start_soon(self._run_coroutine())
         else:
+            from cocotb import simulator
+            from cocotb.triggers import RisingEdge
+            self._register_cb = simulator.register_value_change_callback
+            self._rising = RisingEdge._edge_type
             self._clk_handle = self.clk._handle
             self._register()
 
@@ -159,10 +163,8 @@ class LinkDriver:
             self._cbhdl = None
 
     def _register(self) -> None:
-        from cocotb import simulator
-        from cocotb.triggers import RisingEdge
-        self._cbhdl = simulator.register_value_change_callback(
-            self._clk_handle, self._on_edge, RisingEdge._edge_type)
+        # Runs every cycle: the callback registrar and edge type are looked up once, in start().
+        self._cbhdl = self._register_cb(self._clk_handle, self._on_edge, self._rising)
 
     def _on_edge(self) -> None:
         self._cbhdl = None
