@@ -36,6 +36,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from . import fp32_ref
+
 MODES = ("sum", "mean", "weighted_sum")
 
 
@@ -49,28 +51,14 @@ class EmbeddingInputError(ValueError):
 def fma_f32(a, b, c) -> np.ndarray:
     """Correctly rounded fp32 fma(a, b, c) = RN(a*b + c), elementwise, with broadcasting.
 
-    Why it is exact: for fp32 a, b the float64 product is exact (24+24 significand bits <= 53,
-    exponents in range, fp32 subnormals are float64 normals). The float64 sum s = RN64(p + c)
-    and its exact error e (Knuth's TwoSum, exact without overflow) give the exact result
-    p + c = s + e. Rounding to odd at 53 bits (s if e == 0 or s's last bit is odd, else the
-    neighbour of s towards e) and then rounding to nearest at <= 24 bits is a correct single
-    rounding (Boldo & Melquiond, round-to-odd, needs 53 >= 24 + 2). Infinities and NaNs fall
-    through as float64 arithmetic gives them (e is then NaN and no adjustment is made).
+    The one implementation is ``sim/model/fp32_ref.fma`` (exact float64 product, TwoSum,
+    round to odd, then one rounding to fp32; the proof sketch is there); this adapts it to
+    float32 values. ``fma_f32_reference`` below checks it independently with rationals.
     """
-    a64 = np.asarray(a, dtype=np.float32).astype(np.float64)
-    b64 = np.asarray(b, dtype=np.float32).astype(np.float64)
-    c64 = np.asarray(c, dtype=np.float32).astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        p = a64 * b64
-        s = np.asarray(p + c64)
-        bb = s - p
-        err = (p - (s - bb)) + (c64 - bb)
-        bits = s.view(np.int64).copy()
-        inexact_even = (err != 0) & np.isfinite(err) & ((bits & 1) == 0)
-        # s != 0 wherever err != 0 (a float64 sum that rounds to 0 is exactly 0).
-        away_from_zero = (err > 0) == (s > 0)
-        bits[inexact_even] += np.where(away_from_zero[inexact_even], 1, -1)
-        return bits.view(np.float64).astype(np.float32)
+    a, b, c = (np.asarray(v, dtype=np.float32) for v in (a, b, c))
+    shape = np.broadcast_shapes(a.shape, b.shape, c.shape)
+    bits = fp32_ref.fma(a.view(np.uint32), b.view(np.uint32), c.view(np.uint32))
+    return np.asarray(bits, dtype=np.uint32).view(np.float32).reshape(shape)
 
 
 def _round_fraction_f32(x: Fraction) -> np.float32:
