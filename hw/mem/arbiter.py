@@ -1,0 +1,76 @@
+"""Memory port arbiter: N clients share the memory subsystem's one request stream.
+
+Ports
+- ``clients[i]``: In(client_port_signature(addr_bits, ctx_bits)), i = 0..N-1: each client
+  sends ``req`` and receives its own ``rd_rsp`` / ``wr_rsp`` (hw/mem/port.py layouts).
+- ``mem``: Out(client_port_signature(addr_bits, ctx_bits + client_bits)): to
+  MemoryInterleaver (``req`` out, ``rd_rsp`` / ``wr_rsp`` in).
+
+Behaviour: requests are merged round-robin (combinational, no added latency; a client that
+keeps ``valid`` high is served within N transfers). The client index rides in the top bits
+of ``ctx`` and routes each response back to its client; a response waits while its client
+is not ready. Per-client order is kept; across clients, the memory subsystem's guarantees
+(hw/mem/port.py: read-after-write per line, writes per line in order) hold in the order the
+arbiter accepted the requests.
+
+Not yet instantiated in the device: the CXL.mem target is still the only client. The
+embedding engines (issue 4) join through it.
+"""
+from amaranth import Module, Cat, Const
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..common.stream_util import RoundRobinArbiter
+from .port import mem_request_layout, mem_read_response_layout, mem_write_response_layout
+
+
+def client_port_signature(addr_bits: int, ctx_bits: int) -> wiring.Signature:
+    """A memory client's port, from the client's side."""
+    return wiring.Signature({
+        "req": Out(stream.Signature(mem_request_layout(addr_bits, ctx_bits))),
+        "rd_rsp": In(stream.Signature(mem_read_response_layout(ctx_bits))),
+        "wr_rsp": In(stream.Signature(mem_write_response_layout(ctx_bits))),
+    })
+
+
+class MemPortArbiter(wiring.Component):
+    def __init__(self, *, clients: int, addr_bits: int, ctx_bits: int):
+        assert clients >= 1
+        self.n = clients
+        self.addr_bits = addr_bits
+        self.ctx_bits = ctx_bits
+        self.client_bits = max((clients - 1).bit_length(), 1)
+        super().__init__({
+            "clients": In(client_port_signature(addr_bits, ctx_bits)).array(clients),
+            "mem": Out(client_port_signature(addr_bits, ctx_bits + self.client_bits)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n, cb = self.n, self.client_bits
+        wide = mem_request_layout(self.addr_bits, self.ctx_bits + cb)
+        m.submodules.arb = arb = RoundRobinArbiter(wide, n)
+        for i, client in enumerate(self.clients):
+            src, dst = client.req, arb.inputs[i]
+            m.d.comb += [
+                dst.valid.eq(src.valid), src.ready.eq(dst.ready),
+                dst.payload.write.eq(src.payload.write), dst.payload.addr.eq(src.payload.addr),
+                dst.payload.strb.eq(src.payload.strb), dst.payload.poison.eq(src.payload.poison),
+                dst.payload.data.eq(src.payload.data),
+                dst.payload.ctx.eq(Cat(src.payload.ctx, Const(i, cb))),
+            ]
+        wiring.connect(m, arb.o, wiring.flipped(self.mem.req))
+
+        for rsp_name in ("rd_rsp", "wr_rsp"):
+            rsp = getattr(self.mem, rsp_name)
+            owner = rsp.payload.ctx[self.ctx_bits:]
+            for i, client in enumerate(self.clients):
+                out = getattr(client, rsp_name)
+                mine = owner == i
+                m.d.comb += [out.valid.eq(rsp.valid & mine), out.payload.ctx.eq(rsp.payload.ctx)]
+                for name, _ in out.payload.shape():
+                    if name != "ctx":
+                        m.d.comb += getattr(out.payload, name).eq(getattr(rsp.payload, name))
+                with m.If(mine):
+                    m.d.comb += rsp.ready.eq(out.ready)
+        return m
