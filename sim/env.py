@@ -3,7 +3,9 @@
 ``env = await DeviceEnv.create(dut, seed=...)`` starts the clock, resets the device, and
 wires the host BFM, the protocol monitor (always on), the scoreboard, the CSR driver and
 the PMEM backdoor. ``await env.finish()`` drains outstanding traffic and returns a summary;
-tests assert on ``env.monitor.violations`` and ``env.scoreboard.mismatches``.
+tests assert on ``env.monitor.violations`` and ``env.scoreboard.mismatches``. Unless a test
+sets ``env.cache_traffic_expected`` (the CXL.cache tests, which run their own CXL.cache
+monitor), ``finish`` also reports any D2H message the device tried to send.
 
 The device configuration comes from the environment variable ``TCXL_CONFIG`` (JSON of
 ``DeviceConfig`` fields) that the Python runner sets when it builds the harness, so the
@@ -57,6 +59,8 @@ class DeviceEnv:
         self.host.listeners += [self.monitor, self.scoreboard]
         self.csr = CsrDriver(dut, self.clk)
         self.media = [PmemChannel(getattr(dut, f"media{c}")) for c in range(config.channels)]
+        # CXL.cache tests set this; elsewhere the device must stay silent on D2H.
+        self.cache_traffic_expected = False
 
     @classmethod
     async def create(cls, dut, *, seed: int | None = None, backpressure: float = 0.0,
@@ -130,6 +134,12 @@ class DeviceEnv:
         await self.wait_idle()
         await ClockCycles(self.clk, 8)
         self.monitor.finish(self.host.cycle)
+        if not self.cache_traffic_expected:
+            # Nobody drives CXL.cache in this test: the device must not have tried to send.
+            for ch in ("d2h_req", "d2h_rsp", "d2h_data"):
+                sig = getattr(self.dut, f"{ch}__valid", None)
+                if sig is not None and int(sig.value):
+                    self.monitor.violations.append(f"unexpected CXL.cache message on {ch}")
         return {
             "seed": self.seed,
             "cycles": self.host.cycle,

@@ -82,8 +82,7 @@ def find_dump(test: str) -> pathlib.Path | None:
 def open_waves(test: str, *, no_gui: bool = False) -> int:
     dump = find_dump(test)
     if dump is None:
-        have = sorted(p.stem for p in WAVES.glob("*.*st")) + sorted(
-            p.stem for p in WAVES.glob("*.vcd")) if WAVES.exists() else []
+        have = sorted({p.stem for ext in ("fst", "vcd") for p in WAVES.glob(f"*.{ext}")})
         print(f"no waveform for {test!r} in {WAVES}. Run the test with waves first, e.g.\n"
               f"  WAVES=1 make sim PYTEST_ARGS='-k {test}'\n"
               f"available: {', '.join(have) or 'none'}")

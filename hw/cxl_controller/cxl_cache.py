@@ -35,7 +35,8 @@ Structure
 Assumptions: the host keeps its obligations (one snoop per line, no snoop between a read's
 data and its GO, no GO while a snoop to the line is pending). The internal client keeps
 accepting ``port.rsp``: a fill (and so a snoop waiting for it) waits for its response.
-Latency: a hit answers in 2 cycles; a miss adds the host's round trip.
+Latency: a hit answers ``HIT_LATENCY`` cycles after its request handshake (checked by the
+test ``read_for_ownership_then_hits``); a miss adds the host's round trip.
 """
 from amaranth import Module, Signal, Array, Cat, Const, Mux
 from amaranth.lib import stream, wiring, fifo, memory, data, enum
@@ -48,6 +49,10 @@ from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS
 from ..common.stream_util import RoundRobinArbiter
 from .cache_port import CacheRsp, CacheOp, cache_port_signature
 from .cxl_mem import FWD
+
+# Cycles from a port request's handshake to its answer's handshake when it hits (an
+# always-ready client): the hit FIFO (2) plus the response merge.
+HIT_LATENCY = 2
 
 CACHE_EVENTS = ("d2h_req", "snoop", "snoop_hit", "evict_dirty", "evict_clean", "bogus",
                 "go_err", "hit", "miss", "unexpected_fwd")

@@ -13,27 +13,24 @@ import random
 import cocotb
 from cocotb.triggers import Timer
 
-from hw.common.cxl_cache import (D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData,
-                                 D2HReqOpcode as DReq, D2HRspOpcode as DRsp,
+from hw.common.cxl_cache import (D2HReqOpcode as DReq, D2HRspOpcode as DRsp,
                                  H2DReqOpcode as Snp, H2DRspOpcode as HRsp, GOState)
 from hw.cxl_controller.cache_port import CacheOp
+from hw.cxl_controller.cxl_cache import HIT_LATENCY
 from sim.bfm.cache_client import CacheClient
+from sim.bfm.cxl_cache_host import H2D_CODECS, D2H_CODECS
 from sim.bfm.link import LinkDriver
+from sim.checkers.cxl_mem_monitor import ALL_ONES
+from sim.checkers.cxl_cache_monitor import CxlCacheMonitor
 from sim.env import DeviceEnv, CLOCK_PERIOD_NS
-from sim.model.codec import StructCodec
 
-CODECS_H2D = {"h2d_req": StructCodec(H2DReq), "h2d_rsp": StructCodec(H2DRsp),
-              "h2d_data": StructCodec(H2DData)}
-CODECS_D2H = {"d2h_req": StructCodec(D2HReq), "d2h_rsp": StructCodec(D2HRsp),
-              "d2h_data": StructCodec(D2HData)}
-ALL_ONES = (1 << 512) - 1
 
 
 class ScriptedHost:
     """The host side, played by the test: records D2H messages, sends what it is told."""
 
     def __init__(self, dut, clk, rng, monitor=None):
-        self.link = LinkDriver(dut, clk, tx=CODECS_H2D, rx=CODECS_D2H, rng=rng)
+        self.link = LinkDriver(dut, clk, tx=H2D_CODECS, rx=D2H_CODECS, rng=rng)
         self.link.listeners.append(self)
         self.got = {"d2h_req": [], "d2h_rsp": [], "d2h_data": []}
         self.monitor = monitor
@@ -68,12 +65,7 @@ class Bench:
         self.env = env
         self.clk = env.clk
         self.rng = env.rng
-        monitor = None
-        try:
-            from sim.checkers.cxl_cache_monitor import CxlCacheMonitor
-            monitor = CxlCacheMonitor()
-        except ImportError:
-            pass
+        monitor = CxlCacheMonitor()          # every test runs the protocol monitor
         self.monitor = monitor
         self.host = ScriptedHost(env.dut, self.clk, random.Random(env.seed + 1), monitor)
         self.client = CacheClient(env.dut, self.clk, rng=random.Random(env.seed + 2))
@@ -107,13 +99,13 @@ class Bench:
 
     def finish(self):
         assert self.host.link.error is None and self.client.link.error is None
-        if self.monitor is not None:
-            self.monitor.finish(self.host.link.cycle)
-            assert not self.monitor.violations, "\n".join(self.monitor.violations[:10])
+        self.monitor.finish(self.host.link.cycle)
+        assert not self.monitor.violations, "\n".join(self.monitor.violations[:10])
 
 
 async def setup(dut) -> Bench:
     env = await DeviceEnv.create(dut)
+    env.cache_traffic_expected = True
     return Bench(env)
 
 
@@ -139,9 +131,12 @@ async def read_for_ownership_then_hits(dut):
     v = b.rng.getrandbits(512)
     req = await own(b, 0x1234, v)
     assert req["opcode"] == DReq.RD_OWN.value and req["addr"] == 0x1234
-    # Now E: reads and a write hit without any CXL.cache traffic.
+    # Now E: reads and a write hit without any CXL.cache traffic, in HIT_LATENCY cycles.
+    stamps = []
+    b.client.on_response.append(lambda req, f, cycle: stamps.append(cycle - req.accepted))
     rid = b.client.request(CacheOp.READ_SHARED, 0x1234)
     assert (await b.answer(rid))["data"] == v
+    assert stamps == [HIT_LATENCY], f"hit answered after {stamps} cycles"
     w = b.rng.getrandbits(512)
     rid = b.client.request(CacheOp.WRITE, 0x1234, w)
     assert (await b.answer(rid))["error"] == 0
@@ -431,6 +426,7 @@ async def coherence_stress(dut):
 
     n_ops = int(os.environ.get("TCXL_TRANSACTIONS", "2000"))
     env = await DeviceEnv.create(dut)
+    env.cache_traffic_expected = True
     rng, seed, cfg = env.rng, env.seed, env.config
     slots = cfg.cache_lines
     base = 1 << 24                            # host memory, far above the device's HDM window
@@ -581,6 +577,7 @@ async def bias_flips(dut):
     from sim.model.home_agent import HomeAgent
     from hw.cxl_controller.csr_map import field
     env = await DeviceEnv.create(dut)
+    env.cache_traffic_expected = True
     cfg = env.config
     ha = HomeAgent((1 << 24, 1 << 16), device_hdm_range=(0, cfg.capacity_lines))
     monitor = CxlCacheMonitor(device_hdm=(0, cfg.capacity_lines))

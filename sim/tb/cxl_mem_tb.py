@@ -17,11 +17,11 @@ from cocotb.triggers import ClockCycles
 
 from hw.common.cxl_mem import (M2SReqOpcode as Q, M2SRwDOpcode as W, SnpType, MetaField,
                                MetaValue, NDROpcode as N, DRSOpcode as D)
+from sim.checkers.cxl_mem_monitor import ALL_ONES
 from sim.env import DeviceEnv
 from sim.model.memory import FULL_STRB, merge_line, word_outcomes
 from sim.model.pmem_params import media_verilog_parameters
 
-ALL_ONES = (1 << 512) - 1
 MS0, NOOP = MetaField.META0_STATE, MetaField.NO_OP
 
 
@@ -446,7 +446,7 @@ async def streaming_read_bandwidth(dut):
     env = await DeviceEnv.create(dut)
     done = []
 
-    class Clock:
+    class Stamps:                 # cycle of the first request and of every DRS
         def on_m2s(self, seq, cycle, kind, f):
             if seq == 0:
                 done.append(cycle)
@@ -455,7 +455,7 @@ async def streaming_read_bandwidth(dut):
             if kind == "drs":
                 done.append(cycle)
     env.host.seq = 0
-    env.host.listeners.append(Clock())
+    env.host.listeners.append(Stamps())
     for i in range(n):
         rd(env, i & 0xFFFF, i, Q.MEM_RD, NOOP, MetaValue.INVALID, SnpType.SNP_CUR)
     t0 = time.perf_counter()
