@@ -19,6 +19,8 @@ class DeviceConfig:
     cache_test_port: expose the agent's internal request port as top-level ports (the
     simulation build does, so tests can drive it until the NDP engines use it). bias_pages:
     entries of the bias table (1 MiB pages in the 64 GiB default, 4 KiB in simulation).
+    lookup_units / lookup_rob_depth: the lookup engine's reduce units and the row lines each
+    keeps in flight (hw/ndp/lookup.py).
     """
     channels: int = 4
     capacity_bytes: int = 64 << 30          # 4 x 16 GiB: an Alveo U200's four DDR4 channels
@@ -31,6 +33,8 @@ class DeviceConfig:
     cache_trackers: int = 64                # CXL.cache requests in flight (CQIDs)
     cache_test_port: bool = False           # expose the internal cache port at the top
     bias_pages: int = 65536                 # HDM-D bias table entries (page = capacity / pages)
+    lookup_units: int = 4                   # LOOKUP reduce units (16 FP32 lanes and a memory port each)
+    lookup_rob_depth: int = 128             # row lines in flight per lookup unit
 
     def __post_init__(self):
         def pow2(x):
@@ -48,6 +52,8 @@ class DeviceConfig:
                 or self.bias_pages > 1 << 24:
             raise ValueError("bias_pages must be a power of two, pages of at least 4 KiB, "
                              "at most 2**24 pages")
+        if not 1 <= self.lookup_units <= 16 or not pow2(self.lookup_rob_depth):
+            raise ValueError("lookup_units must be 1..16 and lookup_rob_depth a power of two")
         if not pow2(self.cache_lines) or not pow2(self.cache_trackers) or self.cache_trackers > 4096:
             raise ValueError("cache_lines and cache_trackers must be powers of two (trackers <= 4096)")
 

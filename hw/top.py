@@ -15,6 +15,8 @@ Ports (architecture.md §3; one clock domain ``sync``, active-high synchronous r
 Later blocks (CXL.cache agent, NDP engines, checkpoint engines) join the memory port through
 an arbiter in front of the interleaver; the CXL.mem target is its only client today.
 """
+from types import SimpleNamespace
+
 from amaranth import Module, Cat
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -24,11 +26,18 @@ from .common.cxl_cache import D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData
 from .common.cxl_mem import M2SReq, M2SRwD, S2MNDR, S2MDRS
 from .config import DeviceConfig
 from .cxl_controller.bias import BiasTable
-from .cxl_controller.cache_port import cache_port_signature, CachePortMux
+from .cxl_controller.cache_port import cache_port_signature, CachePortMux, ENGINE_ID_BASE
 from .cxl_controller.csr import CsrBlock
 from .cxl_controller.cxl_cache import CxlCacheAgent
 from .cxl_controller.cxl_mem import CxlMemTarget, CTX
+from .mem.arbiter import MemPortArbiter, connect_port
 from .mem.interleave import MemoryInterleaver
+from .ndp.lookup import LookupEngine
+from .ndp.command import NdpError
+from .ndp.processor import CommandProcessor
+from .mem.port import mem_request_layout, mem_read_response_layout, mem_write_response_layout
+
+UPDATE_CTX_BITS = 8     # TEMPORARY until the update engine lands
 
 VERSION = (0, 1, 0)
 CSR_ADDR_BITS = 12
@@ -62,11 +71,24 @@ CACHE_EVENT_COUNTERS = {
 }
 
 
+# Clients of the shared memory port 0 (the lookup units have ports of their own).
+SHARED_PORT_CLIENTS = ("cxl_mem", "processor", "lookup_feeder", "update")
+
+
 class TrainingCxlDevice(wiring.Component):
     def __init__(self, config: DeviceConfig | None = None):
         self.config = config = config if config is not None else DeviceConfig()
+        self._processor = CommandProcessor(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines)
+        self._lookup = LookupEngine(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines,
+                                    units=config.lookup_units, rob_depth=config.lookup_rob_depth,
+                                    id_base=ENGINE_ID_BASE)
+        shared_ctx = max(CTX.size, self._processor.ctx_bits, self._lookup.feed_ctx_bits, UPDATE_CTX_BITS)
+        self._shared = MemPortArbiter(clients=len(SHARED_PORT_CLIENTS), addr_bits=config.addr_bits,
+                                      ctx_bits=shared_ctx)
         self._mem = MemoryInterleaver(
-            channels=config.channels, addr_bits=config.addr_bits, ctx_bits=CTX.size,
+            channels=config.channels, addr_bits=config.addr_bits,
+            ctx_bits=max(shared_ctx + self._shared.client_bits, self._lookup.unit_ctx_bits),
+            ports=1 + config.lookup_units,
             read_ids=config.read_ids_per_channel, write_depth=config.writes_per_channel)
         super().__init__({
             "m2s_req": In(stream.Signature(M2SReq)),
@@ -84,6 +106,19 @@ class TrainingCxlDevice(wiring.Component):
             **({"cache_port": In(cache_port_signature())} if config.cache_test_port else {}),
             "irq": Out(1),
         })
+
+    def _update_placeholder(self, m):
+        """TEMPORARY: UPDATE completes with BAD_OPCODE until hw/ndp/update.py lands."""
+        from amaranth.lib import stream as st
+        a = self.config.addr_bits
+        req = st.Signature(mem_request_layout(a, UPDATE_CTX_BITS)).create()
+        rd = st.Signature(mem_read_response_layout(UPDATE_CTX_BITS)).flip().create()
+        wr = st.Signature(mem_write_response_layout(UPDATE_CTX_BITS)).flip().create()
+        m.d.comb += [req.valid.eq(0), rd.ready.eq(1), wr.ready.eq(1)]
+        ctl = self._processor.update
+        m.d.comb += [ctl.done.eq(ctl.start), ctl.error.eq(NdpError.BAD_OPCODE), ctl.busy.eq(0)]
+        port = SimpleNamespace(req=req, rd_rsp=rd, wr_rsp=wr)
+        return port
 
     def elaborate(self, platform):
         m = Module()
@@ -109,16 +144,36 @@ class TrainingCxlDevice(wiring.Component):
         wiring.connect(m, bias.port, mux.bias)
         if cfg.cache_test_port:
             wiring.connect(m, wiring.flipped(self.cache_port), mux.client)
-        else:   # no client yet in the FPGA build: the engines (issue 4) will use it
+        else:   # the FPGA build has no test port
             m.d.comb += [mux.client.req.valid.eq(0), mux.client.rsp.ready.eq(1)]
 
         wiring.connect(m, wiring.flipped(self.m2s_req), tgt.m2s_req)
         wiring.connect(m, wiring.flipped(self.m2s_rwd), tgt.m2s_rwd)
         wiring.connect(m, tgt.s2m_ndr, wiring.flipped(self.s2m_ndr))
         wiring.connect(m, tgt.s2m_drs, wiring.flipped(self.s2m_drs))
-        wiring.connect(m, tgt.mem_req, mem.req)
-        wiring.connect(m, mem.rd_rsp, tgt.mem_rd_rsp)
-        wiring.connect(m, mem.wr_rsp, tgt.mem_wr_rsp)
+        # Memory: port 0 is shared (CXL.mem target, command processor, lookup feeder,
+        # update engine); ports 1.. belong to the lookup units.
+        m.submodules.processor = proc = self._processor
+        m.submodules.lookup = lookup = self._lookup
+        m.submodules.shared_port = shared = self._shared
+        tgt_port = SimpleNamespace(req=tgt.mem_req, rd_rsp=tgt.mem_rd_rsp, wr_rsp=tgt.mem_wr_rsp)
+        update_port = self._update_placeholder(m)
+        for i, client in enumerate((tgt_port, proc.mem, lookup.feed_mem, update_port)):
+            connect_port(m, client, shared.clients[i])
+        connect_port(m, shared.mem, mem.clients[0])
+        for u in range(cfg.lookup_units):
+            connect_port(m, lookup.unit_mem[u], mem.clients[1 + u])
+        wiring.connect(m, proc.lookup, lookup.ctl)
+        wiring.connect(m, lookup.push, mux.engines)
+        m.d.comb += [
+            proc.sq_base.eq(csr.ndp_sq_base), proc.cq_base.eq(csr.ndp_cq_base),
+            proc.size_log2.eq(csr.ndp_ring_size_log2), proc.sq_tail.eq(csr.ndp_sq_tail_tail),
+            csr.ndp_sq_head_head.eq(proc.sq_head), csr.ndp_status_busy.eq(proc.busy),
+            csr.ndp_status_last_error.eq(proc.last_error), csr.ndp_status_last_tag.eq(proc.last_tag),
+            csr.ndp_last_cycles.eq(proc.last_cycles), csr.ndp_last_error_info.eq(proc.last_error_info),
+            csr.stat_ndp_commands_inc.eq(proc.completed), csr.err_ndp_command_inc.eq(proc.failed),
+            csr.status_ndp_done_set.eq(0),
+        ]
         for c in range(cfg.channels):
             wiring.connect(m, getattr(mem, f"pmem{c}"), wiring.flipped(getattr(self, f"pmem{c}")))
         wiring.connect(m, wiring.flipped(self.csr), csr.bus)

@@ -550,7 +550,7 @@ async def test_channel_order_latency_backpressure(dut):
     await raw_send(dut, "bus__wvalid", "bus__wready", {"bus__wdata": 0x11111111, "bus__wstrb": 0xF})
     await FallingEdge(dut.clk)
     assert int(dut.bus__bvalid.value)
-    await raw_send(dut, "bus__awvalid", "bus__awready", {"bus__awaddr": 0x100})
+    await raw_send(dut, "bus__awvalid", "bus__awready", {"bus__awaddr": UNMAPPED[-1]})
     await raw_send(dut, "bus__wvalid", "bus__wready", {"bus__wdata": 0x22222222, "bus__wstrb": 0xF})
     assert int(dut.bus__awready.value) == 0 and int(dut.bus__wready.value) == 0
     assert await raw_b(dut, stall=2) == (0, OKAY)

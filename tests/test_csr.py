@@ -109,12 +109,12 @@ def test_check_map_rejects(bad):
 def test_map_extends():
     """A later register (e.g. a doorbell) is one more entry; generators and RTL follow."""
     from hw.cxl_controller.csr import CsrBlock
-    extra = Register("DOORBELL", 0x100, (Field("TAIL", 0, 16, Access.RW, reset=0x5, doc="t"),), "d")
+    extra = Register("DOORBELL", 0x200, (Field("TAIL", 0, 16, Access.RW, reset=0x5, doc="t"),), "d")
     regs = (*csr_map.REGISTERS, extra)
-    assert "| 0x100 | [DOORBELL]" in regmap.markdown(regs)
+    assert "| 0x200 | [DOORBELL]" in regmap.markdown(regs)
     ns = {}
     exec(regmap.python_constants(regs), ns)
-    assert ns["DOORBELL_OFFSET"] == 0x100 and ns["DOORBELL_TAIL_MASK"] == 0xFFFF
+    assert ns["DOORBELL_OFFSET"] == 0x200 and ns["DOORBELL_TAIL_MASK"] == 0xFFFF
     from amaranth.back import verilog
     text = verilog.convert(CsrBlock(regs), name="csr_ext", emit_src=False)
     assert "doorbell_tail" in text

@@ -21,10 +21,10 @@ back with DirtyEvict instead (ItoMWr/WrInv are for lines the device does not own
 copy is dropped first. FLUSH drops the device's copy (writing back M data). ``error`` is
 set when the host answered GO-Err / poisoned data (the data is then all ones).
 
-Ids: the agent's port is shared (``CachePortMux`` in hw/top.py): ids 0x00-0x7F belong to
-the test port / engines, 0x80-0xFF to the bias engine.
+Ids: the agent's port is shared (``CachePortMux`` in hw/top.py): ids 0x00-0x3F belong to
+the test port, 0x40-0x7F to the NDP engines, 0x80-0xFF to the bias engine.
 """
-from amaranth import Module, Mux
+from amaranth import Module
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -32,6 +32,7 @@ from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS
 
 PORT_ID_BITS = 8
 BIAS_ENGINE_ID = 0x80        # ids with this bit set are the bias engine's
+ENGINE_ID_BASE = 0x40        # ids 0x40-0x7F are the NDP engines'; 0x00-0x3F the test port's
 
 
 class CacheOp(enum.Enum, shape=3):
@@ -67,13 +68,15 @@ def cache_port_signature() -> wiring.Signature:
 
 
 class CachePortMux(wiring.Component):
-    """Two clients share the agent's port: ``client`` (ids 0x00-0x7F) and ``bias``
-    (ids with BIAS_ENGINE_ID set). Requests are merged round-robin (combinational);
-    responses go back by the id's top bit."""
+    """Three clients share the agent's port, told apart by the id range they use:
+    ``client`` (the test port, ids 0x00-0x3F), ``engines`` (the NDP engines, ids
+    ENGINE_ID_BASE.. 0x7F) and ``bias`` (ids with BIAS_ENGINE_ID set). Requests are merged
+    round-robin (combinational); responses go back by the id's top two bits."""
 
     def __init__(self):
         super().__init__({
             "client": In(cache_port_signature()),
+            "engines": In(cache_port_signature()),
             "bias": In(cache_port_signature()),
             "agent": Out(cache_port_signature()),
         })
@@ -81,13 +84,18 @@ class CachePortMux(wiring.Component):
     def elaborate(self, platform):
         from ..common.stream_util import RoundRobinArbiter
         m = Module()
-        m.submodules.arb = arb = RoundRobinArbiter(CacheReq, 2)
-        wiring.connect(m, wiring.flipped(self.client.req), arb.inputs[0])
-        wiring.connect(m, wiring.flipped(self.bias.req), arb.inputs[1])
+        clients = (self.client, self.engines, self.bias)
+        m.submodules.arb = arb = RoundRobinArbiter(CacheReq, len(clients))
+        for i, c in enumerate(clients):
+            wiring.connect(m, wiring.flipped(c.req), arb.inputs[i])
         wiring.connect(m, arb.o, wiring.flipped(self.agent.req))
         rsp = self.agent.rsp
         to_bias = (rsp.payload.id & BIAS_ENGINE_ID) != 0
-        for port, mine in ((self.client.rsp, ~to_bias), (self.bias.rsp, to_bias)):
+        to_engines = ~to_bias & ((rsp.payload.id & ENGINE_ID_BASE) != 0)
+        to_client = ~to_bias & ~to_engines
+        for port, mine in ((self.client.rsp, to_client), (self.engines.rsp, to_engines),
+                           (self.bias.rsp, to_bias)):
             m.d.comb += [port.payload.eq(rsp.payload), port.valid.eq(rsp.valid & mine)]
-        m.d.comb += rsp.ready.eq(Mux(to_bias, self.bias.rsp.ready, self.client.rsp.ready))
+            with m.If(mine):
+                m.d.comb += rsp.ready.eq(port.ready)
         return m

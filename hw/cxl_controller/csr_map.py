@@ -313,10 +313,14 @@ _MAP = (
         Field("POISON", 1, 1, Access.RW1C,
               doc="Set when poisoned data is received (RwD) or returned (DRS), i.e. by "
                   "ERR_POISON_WR/ERR_POISON_RD increments (or status_poison_set); write 1 to clear."),
+        Field("NDP_DONE", 2, 1, Access.RW1C,
+              doc="Set when the NDP command processor completes a command (every STAT_NDP_COMMANDS "
+                  "increment); write 1 to clear."),
     ), "Sticky status bits; irq = OR(STATUS & IRQ_ENABLE)."),
     Register("IRQ_ENABLE", 0x044, (
         Field("ERROR", 0, 1, Access.RW, doc="Raise irq while STATUS.ERROR is set."),
         Field("POISON", 1, 1, Access.RW, doc="Raise irq while STATUS.POISON is set."),
+        Field("NDP_DONE", 2, 1, Access.RW, doc="Raise irq while STATUS.NDP_DONE is set."),
     ), "Interrupt enables, one per STATUS bit."),
     _whole("SCRATCH", 0x048, Access.RW, "Scratch register for software; no hardware effect."),
     # --- error counters (0x050-0x07C); each increment sets STATUS.ERROR ---
@@ -382,6 +386,33 @@ _MAP = (
     _whole("STAT_BIAS_TO_DEVICE", 0x0D8, Access.COUNTER, "Pages flipped to device bias."),
     _whole("STAT_BIAS_TO_HOST", 0x0DC, Access.COUNTER,
            "Pages flipped to host bias (by CSR or by a host access to a device-bias page)."),
+    # --- NDP command rings (0x100-0x13C); descriptors in hw/ndp/command.py ---
+    _whole("NDP_SQ_BASE", 0x100, Access.RW,
+           "Submission ring: device line address of slot 0 (one 64-byte CommandDescriptor per slot)."),
+    _whole("NDP_CQ_BASE", 0x104, Access.RW,
+           "Completion ring: device line address of slot 0 (one 64-byte Completion per slot)."),
+    Register("NDP_RING", 0x108, (
+        Field("SIZE_LOG2", 0, 4, Access.RW, doc="log2 of the slots in each ring (1 to 32768 slots)."),
+    ), "Ring geometry; change only while NDP_STATUS.BUSY is 0 and the rings are empty."),
+    Register("NDP_SQ_TAIL", 0x10C, (
+        Field("TAIL", 0, 16, Access.RW,
+              doc="Doorbell: the host writes the count of commands it has submitted (mod 2**16); "
+                  "the device runs commands while NDP_SQ_HEAD.HEAD differs."),
+    ), "Submission doorbell."),
+    Register("NDP_SQ_HEAD", 0x110, (
+        Field("HEAD", 0, 16, Access.RO, doc="Commands completed (mod 2**16); slot = HEAD mod size."),
+    ), "Submission head."),
+    Register("NDP_STATUS", 0x114, (
+        Field("BUSY", 0, 1, Access.RO, doc="A command is executing."),
+        Field("LAST_ERROR", 8, 8, Access.RO, doc="NdpError of the last completed command (0 = OK)."),
+        Field("LAST_TAG", 16, 16, Access.RO, doc="Tag of the last completed command."),
+    ), "Command processor status."),
+    _whole("NDP_LAST_CYCLES", 0x118, Access.RO, "Cycles the last completed command took."),
+    _whole("NDP_LAST_ERROR_INFO", 0x11C, Access.RO,
+           "Where the last failed command failed (element position or table), else 0."),
+    _whole("STAT_NDP_COMMANDS", 0x120, Access.COUNTER, "NDP commands completed (with or without error).",
+           sets=("STATUS.NDP_DONE",)),
+    _whole("ERR_NDP_COMMAND", 0x124, Access.COUNTER, "NDP commands completed with an error.", sets=_ERR),
 )
 
 check_map(_MAP)

@@ -74,3 +74,19 @@ class MemPortArbiter(wiring.Component):
                 with m.If(mine):
                     m.d.comb += rsp.ready.eq(out.ready)
         return m
+
+
+def connect_port(m: Module, client, port) -> None:
+    """Connect a client's port (``client_port_signature`` from the client's side) to a port
+    of the memory subsystem (the flipped signature) whose ``ctx`` may be wider: the client's
+    ctx is zero-extended on requests and truncated back on responses. Clients never see
+    bits they did not send, since responses return ctx unchanged."""
+    src, dst = client.req, port.req
+    m.d.comb += [dst.valid.eq(src.valid), src.ready.eq(dst.ready)]
+    for name, _ in src.payload.shape():
+        m.d.comb += getattr(dst.payload, name).eq(getattr(src.payload, name))
+    for rsp_name in ("rd_rsp", "wr_rsp"):
+        src, dst = getattr(port, rsp_name), getattr(client, rsp_name)
+        m.d.comb += [dst.valid.eq(src.valid), src.ready.eq(dst.ready)]
+        for name, _ in dst.payload.shape():
+            m.d.comb += getattr(dst.payload, name).eq(getattr(src.payload, name))

@@ -2,20 +2,20 @@
 
 Stands in for the device blocks (embedding engines, checkpoint DMA) until they exist:
 ``request(op, line, data=0) -> id`` queues a CacheReq; ``on_response`` listeners get
-``(request, response_fields, cycle)`` where request = ``ClientRequest``. Ids are 7 bits
+``(request, response_fields, cycle)`` where request = ``ClientRequest``. Ids are 6 bits
 and never reused while outstanding. Built on the generic LinkDriver (sim/bfm/link.py), so
-it costs one raw callback per cycle and no coroutine. Ids 0x00-0x7F are the client's (the bias
+it costs one raw callback per cycle and no coroutine. Ids 0x00-0x3F are the client's (the NDP engines and the bias
 engine uses the others).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hw.cxl_controller.cache_port import CacheReq, CacheRsp, CacheOp, BIAS_ENGINE_ID
+from hw.cxl_controller.cache_port import CacheReq, CacheRsp, CacheOp, ENGINE_ID_BASE
 from ..model.codec import StructCodec
 from .link import LinkDriver
 
-CLIENT_IDS = BIAS_ENGINE_ID          # ids 0x00-0x7F are the client's; the rest, the bias engine's
+CLIENT_IDS = ENGINE_ID_BASE         # ids 0x00-0x3F are the client's; the rest, the engines' and bias's
 
 REQ = StructCodec(CacheReq)
 RSP = StructCodec(CacheRsp)

@@ -1,0 +1,132 @@
+"""LookupEngine: executes LOOKUP commands (pooled embedding vectors, bit-exact with PyTorch).
+
+Ports
+- ``ctl``: In(engine_control_signature()) (hw/ndp/command.py): ``start`` / ``cmd`` /
+  table-descriptor reads in, ``done`` / ``error`` / ``error_info`` / ``stats`` out.
+- ``feed_mem``: Out(client_port_signature(addr_bits, feed_ctx_bits)): the feeder's reads of
+  the offsets, indices and weights arrays.
+- ``unit_mem[u]``, u = 0..units-1: Out(client_port_signature(addr_bits, unit_ctx_bits)):
+  each reduce unit's row reads and device-memory output writes. Giving every unit its own
+  port lets the memory subsystem take several lines per cycle (hw/mem/interleave.py).
+- ``push``: Out(cache_port_signature()): the units' PUSH requests, merged round robin;
+  ``id`` = ``id_base`` + unit index (responses route back by it).
+
+Structure: a LookupFeeder (hw/ndp/lookup_feeder.py) validates the arrays and emits one work
+item per index occurrence, a whole bag to one unit; each unit (hw/ndp/lookup_unit.py) has
+an item FIFO of ``item_depth`` entries, its reorder buffer, 16 FMA lanes and its output
+path. Bags are independent, so units finish them in any order; each pooled vector has its
+own address. ``done`` comes after the feeder is done and every unit is idle (all outputs
+durable in device memory or acknowledged by the host), so the host may read them at once.
+
+Errors: the feeder's (OFFSETS, ADDRESS, INDEX_RANGE, BAD_DESCRIPTOR) win, then MEDIA (a
+read answered with error or poison), then CACHE (a push answered with an error). LOOKUP
+writes no table, so a failed command leaves the tables untouched; vectors of bags before
+the failure may have been written.
+"""
+from amaranth import Module, Signal, Mux
+from amaranth.lib import fifo, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..common.stream_util import RoundRobinArbiter
+from ..cxl_controller.cache_port import cache_port_signature, CacheReq
+from ..mem.arbiter import client_port_signature
+from .command import engine_control_signature, NdpError
+from .lookup_feeder import LookupFeeder
+from .lookup_unit import LookupUnit
+
+
+class LookupEngine(wiring.Component):
+    def __init__(self, *, addr_bits: int, capacity_lines: int, units: int = 4, item_depth: int = 128,
+                 rob_depth: int = 128, id_base: int = 0):
+        self.units = units
+        self.id_base = id_base
+        self.item_depth = item_depth
+        self._feeder = LookupFeeder(addr_bits=addr_bits, capacity_lines=capacity_lines, units=units)
+        self._units = [LookupUnit(addr_bits=addr_bits, item_layout=self._feeder.item_layout, unit_id=id_base + u,
+                                  rob_depth=rob_depth) for u in range(units)]
+        self.feed_ctx_bits = self._feeder.ctx_bits
+        self.unit_ctx_bits = self._units[0].ctx_bits
+        super().__init__({
+            "ctl": In(engine_control_signature()),
+            "feed_mem": Out(client_port_signature(addr_bits, self.feed_ctx_bits)),
+            "unit_mem": Out(client_port_signature(addr_bits, self.unit_ctx_bits)).array(units),
+            "push": Out(cache_port_signature()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ctl = self.ctl
+        m.submodules.feeder = feeder = self._feeder
+        wiring.connect(m, feeder.mem, wiring.flipped(self.feed_mem))
+        m.d.comb += [feeder.start.eq(ctl.start), feeder.cmd.eq(ctl.cmd), feeder.table.eq(ctl.table),
+                     ctl.table_index.eq(feeder.table_index)]
+
+        m.submodules.push_arb = push_arb = RoundRobinArbiter(CacheReq, self.units)
+        wiring.connect(m, push_arb.o, wiring.flipped(self.push.req))
+        prsp = self.push.rsp
+        m.d.comb += prsp.ready.eq(1)      # units always take their push responses
+        items_ready = Signal()
+        unit_idle = []
+        media_error = []
+        cache_error = []
+        width = feeder.item_layout.size
+        for u, unit in enumerate(self._units):
+            m.submodules[f"unit{u}"] = unit
+            q = fifo.SyncFIFOBuffered(width=width, depth=self.item_depth)
+            m.submodules[f"items{u}"] = q
+            mine = feeder.items.payload.unit == u
+            m.d.comb += [
+                q.w_en.eq(feeder.items.valid & mine), q.w_data.eq(feeder.items.payload),
+                unit.items.valid.eq(q.r_rdy), unit.items.payload.eq(q.r_data), q.r_en.eq(unit.items.ready),
+                feeder.unit_room[u].eq(q.level < self.item_depth // 2),
+                unit.out_to_host.eq(ctl.cmd.flags.out_to_host), unit.clear.eq(ctl.start),
+            ]
+            with m.If(mine):
+                m.d.comb += items_ready.eq(q.w_rdy)
+            wiring.connect(m, unit.mem, wiring.flipped(self.unit_mem[u]))
+            wiring.connect(m, unit.push.req, push_arb.inputs[u])
+            m.d.comb += [unit.push.rsp.valid.eq(prsp.valid & (prsp.payload.id == self.id_base + u)),
+                         unit.push.rsp.payload.eq(prsp.payload)]
+            unit_idle.append(unit.idle & (q.level == 0))
+            media_error.append(unit.media_error)
+            cache_error.append(unit.cache_error)
+        m.d.comb += feeder.items.ready.eq(items_ready)
+
+        # ---- per-command counters (every port's handshakes) ----------------------------
+        stats = ctl.stats
+        ports = [self.feed_mem] + list(self.unit_mem)
+        reads = sum((p.req.valid & p.req.ready & ~p.req.payload.write) for p in ports)
+        writes = sum((p.req.valid & p.req.ready & p.req.payload.write) for p in self.unit_mem)
+        with m.If(ctl.start):
+            m.d.sync += [stats.lines_read.eq(0), stats.lines_written.eq(0), stats.lines_pushed.eq(0)]
+        with m.Else():
+            m.d.sync += [stats.lines_read.eq(stats.lines_read + reads),
+                         stats.lines_written.eq(stats.lines_written + writes),
+                         stats.lines_pushed.eq(stats.lines_pushed + (self.push.req.valid & self.push.req.ready))]
+        m.d.comb += [stats.lookups.eq(feeder.lookups), stats.rows_read.eq(feeder.lookups),
+                     stats.rows_written.eq(0), stats.unique_rows.eq(0)]
+
+        # ---- completion ------------------------------------------------------------------
+        busy = Signal()
+        fed = Signal()
+        feed_error = Signal(NdpError)
+        feed_info = Signal(32)
+        with m.If(ctl.start):
+            m.d.sync += [busy.eq(1), fed.eq(0)]
+        with m.If(feeder.done):
+            m.d.sync += [fed.eq(1), feed_error.eq(feeder.error), feed_info.eq(feeder.error_info)]
+        all_idle = Signal()
+        m.d.comb += all_idle.eq(sum(unit_idle) == self.units)
+        any_media = Signal()
+        any_cache = Signal()
+        m.d.comb += [any_media.eq(sum(media_error) != 0), any_cache.eq(sum(cache_error) != 0)]
+        with m.If(busy & fed & all_idle):
+            m.d.sync += busy.eq(0)
+            m.d.comb += [
+                ctl.done.eq(1),
+                ctl.error.eq(Mux(feed_error != NdpError.OK, feed_error,
+                                 Mux(any_media, NdpError.MEDIA, Mux(any_cache, NdpError.CACHE, NdpError.OK)))),
+                ctl.error_info.eq(feed_info),
+            ]
+        m.d.comb += ctl.busy.eq(busy)
+        return m

@@ -1,0 +1,244 @@
+"""LookupFeeder: turns a LOOKUP command's TBE arrays into per-row work items for the units.
+
+Ports
+- ``start`` (pulse) with ``cmd`` (CommandDescriptor, stable until ``done``); ``table_index``
+  -> ``table`` (TableDescriptor, one cycle later) reads the processor's table memory.
+- ``items``: Out stream of ``lookup_item_layout``; ``payload.unit`` names the unit the item
+  is for, ``unit_room[u]`` says unit u can take a new bag.
+- ``done`` (pulse): every item has been emitted (or the command failed); ``error`` and
+  ``error_info`` are valid with it. ``lookups``: ROW items emitted so far.
+- ``mem``: reads of the offsets, indices and weights arrays (three ElementReaders behind a
+  MemPortArbiter; ``ctx_bits`` is the port's ctx width).
+
+Order and contents: bags in TBE order (t*B + b); a bag of L > 0 indices becomes L ROW items
+(``first`` on the first, ``last`` on the last) all for one unit, a bag of L = 0 one EMPTY
+item. Each ROW carries the row's first line (``table.base_addr + index * dim/16``), the
+index's weight (when the command has weights; else 1.0), the bag's pooling mode and length,
+and the line its pooled vector goes to (``out_addr + b * row_pitch_lines + col_lines``).
+The feeder emits up to one item per cycle; a unit is chosen per bag (round robin over the
+units with room).
+
+Checks, in stream order (element positions in ``error_info``): OFFSETS when an offset is
+below the previous one or above the last one (``error_info`` = its position); ADDRESS when
+the indices or weights array reaches past device memory (AddressFault); INDEX_RANGE when an index
+is >= its table's rows (its position in the indices array); BAD_DESCRIPTOR for a MEAN bag
+longer than 65535 (the bag number). On an error the feeder stops, closes a half-emitted bag
+with an ABORT item (the unit drops it) and drains its readers before ``done``. MEDIA when a
+read came back with an error or poison (the items are still emitted).
+Assumes the processor checked the tables and the offsets array's range.
+"""
+from amaranth import Module, Signal, Mux
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..common.cxl_mem import LINE_ADDR_BITS
+from ..common.fp32 import ONE
+from ..mem.arbiter import MemPortArbiter, client_port_signature
+from .command import AddressFault, CommandDescriptor, TableDescriptor, NdpError, PoolMode, TABLE_ID_BITS
+from .element_reader import ElementReader
+
+MAX_MEAN_LENGTH = 65535          # the divider takes a 16-bit bag length
+
+
+class ItemKind(enum.Enum, shape=2):
+    ROW = 0                      # read this row, reduce it into the bag
+    EMPTY = 1                    # a bag without indices: its pooled vector is +0.0
+    ABORT = 2                    # the bag in progress is cancelled (command error)
+
+
+def lookup_item_layout(addr_bits: int, unit_bits: int) -> data.StructLayout:
+    return data.StructLayout({
+        "kind": ItemKind,
+        "first": 1,
+        "last": 1,
+        "mode": PoolMode,
+        "dim_lines": 5,          # 1..16
+        "length": 16,            # bag length (MEAN divides by it)
+        "weight": 32,            # fp32
+        "row_line": addr_bits,
+        "out_line": LINE_ADDR_BITS,
+        "unit": unit_bits,
+    })
+
+
+class LookupFeeder(wiring.Component):
+    def __init__(self, *, addr_bits: int, capacity_lines: int, units: int, reader_depth: int = 16):
+        self.addr_bits = addr_bits
+        self.capacity_lines = capacity_lines
+        self.units = units
+        self.unit_bits = max((units - 1).bit_length(), 1)
+        self.item_layout = lookup_item_layout(addr_bits, self.unit_bits)
+        self._readers = [ElementReader(addr_bits=addr_bits, depth=reader_depth) for _ in range(3)]
+        self._arb = MemPortArbiter(clients=3, addr_bits=addr_bits, ctx_bits=self._readers[0].ctx_bits)
+        self.ctx_bits = self._arb.ctx_bits + self._arb.client_bits
+        super().__init__({
+            "start": In(1),
+            "cmd": In(CommandDescriptor),
+            "table_index": Out(TABLE_ID_BITS),
+            "table": In(TableDescriptor),
+            "items": Out(stream.Signature(self.item_layout)),
+            "unit_room": In(units),
+            "done": Out(1),
+            "error": Out(NdpError),
+            "error_info": Out(32),
+            "lookups": Out(32),
+            "mem": Out(client_port_signature(addr_bits, self.ctx_bits)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cmd = self.cmd
+        m.submodules.offsets = offs = self._readers[0]
+        m.submodules.indices = idxs = self._readers[1]
+        m.submodules.weights = wgts = self._readers[2]
+        m.submodules.arb = arb = self._arb
+        for i, r in enumerate(self._readers):
+            wiring.connect(m, r.mem, arb.clients[i])
+        wiring.connect(m, arb.mem, wiring.flipped(self.mem))
+        readers = (offs, idxs, wgts)
+
+        nbags = Signal(32)
+        bag = Signal(32)                 # bags done
+        b = Signal(32)                   # sample within the table
+        t = Signal(TABLE_ID_BITS)
+        prev = Signal(32)                # offsets[bag]
+        off_end = Signal(32)             # offsets[nbags]
+        length = Signal(32)
+        j = Signal(32)                   # index within the bag
+        out_row = Signal(LINE_ADDR_BITS)  # out_addr + b * row_pitch_lines
+        tbl = Signal(TableDescriptor)
+        unit = Signal(self.unit_bits)
+        rr = Signal(self.unit_bits)      # next unit to try
+        err = Signal(NdpError)
+        err_info = Signal(32)
+        half_bag = Signal()              # items of the current bag were emitted
+        media = Signal()
+        cap = self.capacity_lines
+
+        m.d.comb += [offs.base.eq(cmd.offsets_addr), idxs.base.eq(cmd.indices_addr),
+                     wgts.base.eq(cmd.weights_addr), self.table_index.eq(t)]
+        with m.If(offs.media_error | idxs.media_error | wgts.media_error):
+            m.d.sync += media.eq(1)
+
+        # Round robin over the units with room, starting at rr.
+        pick = Signal(self.unit_bits)
+        any_room = Signal()
+        m.d.comb += any_room.eq(self.unit_room != 0)
+        for off in reversed(range(self.units)):
+            for u in range(self.units):
+                with m.If((((rr + off) % self.units) == u) if self.units > 1 else 1):
+                    with m.If(self.unit_room[u]):
+                        m.d.comb += pick.eq(u)
+
+        def fail(code, info):
+            m.d.sync += [err.eq(code), err_info.eq(info)]
+            m.next = "ABORT"
+
+        item = self.items.payload
+        weight = Mux(cmd.flags.has_weights, wgts.elems.payload, ONE)
+        index = idxs.elems.payload
+        m.d.comb += [
+            item.mode.eq(tbl.mode), item.dim_lines.eq(tbl.dim[4:9]), item.length.eq(length),
+            item.weight.eq(weight), item.row_line.eq(tbl.base_addr + index * tbl.dim[4:9]),
+            item.out_line.eq(out_row + tbl.col_lines), item.unit.eq(unit),
+            item.first.eq(j == 0), item.last.eq(j + 1 == length),
+        ]
+        idx_lines = Signal(33)
+        m.d.comb += idx_lines.eq((off_end + 15) >> 4)
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [nbags.eq(cmd.num_tables * cmd.batch_size), bag.eq(0), b.eq(0), t.eq(0),
+                                 err.eq(NdpError.OK), err_info.eq(0), media.eq(0), half_bag.eq(0),
+                                 self.lookups.eq(0), out_row.eq(cmd.out_addr)]
+                    m.next = "READ_END"
+            with m.State("READ_END"):
+                m.d.comb += [offs.start.eq(1), offs.first.eq(nbags), offs.count.eq(1)]
+                m.next = "WAIT_END"
+            with m.State("WAIT_END"):
+                m.d.comb += offs.elems.ready.eq(1)
+                with m.If(offs.elems.valid):
+                    m.d.sync += off_end.eq(offs.elems.payload)
+                    m.next = "READ_OFFSETS"
+            with m.State("READ_OFFSETS"):
+                with m.If(~offs.busy):
+                    m.d.comb += [offs.start.eq(1), offs.first.eq(0), offs.count.eq(nbags + 1)]
+                    m.next = "WAIT_FIRST"
+            with m.State("WAIT_FIRST"):
+                m.d.comb += offs.elems.ready.eq(1)
+                with m.If(offs.elems.valid):
+                    m.d.sync += prev.eq(offs.elems.payload)
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                with m.If(off_end < prev):
+                    fail(NdpError.OFFSETS, nbags)
+                with m.Elif(cmd.indices_addr + idx_lines > cap):
+                    fail(NdpError.ADDRESS, AddressFault.INDICES)
+                with m.Elif(cmd.flags.has_weights & (cmd.weights_addr + idx_lines > cap)):
+                    fail(NdpError.ADDRESS, AddressFault.WEIGHTS)
+                with m.Else():
+                    m.d.comb += [idxs.start.eq(1), idxs.first.eq(prev), idxs.count.eq(off_end - prev),
+                                 wgts.start.eq(cmd.flags.has_weights), wgts.first.eq(prev),
+                                 wgts.count.eq(off_end - prev)]
+                    m.next = "TABLE"
+            with m.State("TABLE"):           # table_index = t: the descriptor arrives next cycle
+                m.next = "TABLE_LOAD"
+            with m.State("TABLE_LOAD"):
+                m.d.sync += tbl.eq(self.table)
+                m.next = "BAG"
+            with m.State("BAG"):
+                o = offs.elems.payload
+                with m.If(offs.elems.valid):
+                    with m.If((o < prev) | (o > off_end)):
+                        fail(NdpError.OFFSETS, bag + 1)
+                    with m.Elif((tbl.mode == PoolMode.MEAN) & (o - prev > MAX_MEAN_LENGTH)):
+                        fail(NdpError.BAD_DESCRIPTOR, bag)
+                    with m.Elif(any_room):
+                        m.d.comb += offs.elems.ready.eq(1)
+                        m.d.sync += [length.eq(o - prev), j.eq(0), unit.eq(pick),
+                                     rr.eq(Mux(pick == self.units - 1, 0, pick + 1)), prev.eq(o)]
+                        m.next = "ROWS"
+                        with m.If(o == prev):
+                            m.next = "EMPTY"
+            with m.State("EMPTY"):
+                m.d.comb += [self.items.valid.eq(1), item.kind.eq(ItemKind.EMPTY)]
+                with m.If(self.items.ready):
+                    m.next = "NEXT_BAG"
+            with m.State("ROWS"):
+                have = idxs.elems.valid & (wgts.elems.valid | ~cmd.flags.has_weights)
+                with m.If(have):
+                    with m.If(index >= tbl.rows):
+                        fail(NdpError.INDEX_RANGE, prev - length + j)
+                    with m.Else():
+                        m.d.comb += [self.items.valid.eq(1), item.kind.eq(ItemKind.ROW)]
+                        with m.If(self.items.ready):
+                            m.d.comb += [idxs.elems.ready.eq(1), wgts.elems.ready.eq(cmd.flags.has_weights)]
+                            m.d.sync += [j.eq(j + 1), half_bag.eq(1), self.lookups.eq(self.lookups + 1)]
+                            with m.If(j + 1 == length):
+                                m.next = "NEXT_BAG"
+            with m.State("NEXT_BAG"):
+                m.d.sync += [bag.eq(bag + 1), half_bag.eq(0)]
+                with m.If(bag + 1 == nbags):
+                    m.next = "DRAIN"
+                with m.Elif(b + 1 == cmd.batch_size):
+                    m.d.sync += [b.eq(0), t.eq(t + 1), out_row.eq(cmd.out_addr)]
+                    m.next = "TABLE"
+                with m.Else():
+                    m.d.sync += [b.eq(b + 1), out_row.eq(out_row + cmd.row_pitch_lines)]
+                    m.next = "BAG"
+            with m.State("ABORT"):           # close a half-emitted bag, stop the readers
+                with m.If(half_bag):
+                    m.d.comb += [self.items.valid.eq(1), item.kind.eq(ItemKind.ABORT)]
+                    with m.If(self.items.ready):
+                        m.d.sync += half_bag.eq(0)
+                with m.Else():
+                    m.d.comb += [r.abort.eq(1) for r in readers]
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                with m.If(~(offs.busy | idxs.busy | wgts.busy)):
+                    m.d.comb += self.done.eq(1)
+                    m.d.comb += [self.error.eq(Mux((err == NdpError.OK) & media, NdpError.MEDIA, err)),
+                                 self.error_info.eq(err_info)]
+                    m.next = "IDLE"
+        return m

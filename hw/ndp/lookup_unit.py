@@ -1,0 +1,254 @@
+"""LookupUnit: one 16-lane FP32 reduce pipeline of the lookup engine, with its own memory port.
+
+Ports
+- ``items``: In stream of ``lookup_item_layout`` (hw/ndp/lookup_feeder.py), in bag order.
+- ``mem``: Out(client_port_signature(addr_bits, rob_bits)): row reads (``ctx`` = reorder
+  slot) and, when pooled vectors stay in device memory, their writes.
+- ``push``: Out(cache_port_signature()): PUSH requests of pooled vectors to host memory
+  (when ``out_to_host``); ``push.rsp`` is drained and counted.
+- ``out_to_host`` (level, stable during a command); ``clear`` (pulse at command start)
+  resets ``media_error`` / ``cache_error`` (sticky: a read came back with error or poison /
+  a push was answered with an error).
+- ``idle``: nothing queued, in flight or unacknowledged (writes are durable, pushes done).
+
+Datapath. Each ROW item becomes dim/16 line reads issued in order, each into a reorder
+slot (``rob_depth`` slots, enough to cover the media latency at this unit's share of the
+bandwidth). Lines retire in issue order into 16 Fp32Fma lanes (hw/common/fp32.py), one
+line per cycle: acc[k] = acc[k] + row (SUM, MEAN) or fma(w, row, acc[k]) (WEIGHTED_SUM),
+starting from +0.0, with ``k`` the line within the row: the exact operation order of
+architecture.md §5, per bag and lane. An EMPTY bag retires dim/16 lines of +0.0 + +0.0.
+A line whose chain predecessor is still inside the 5-stage FMA waits (the predecessor's
+result is forwarded in the cycle it leaves the pipeline), so a bag of dim/16 = n lines runs
+at n lines per 5 cycles when n < 5 and at one line per cycle otherwise; the feeder spreads
+bags over several units to fill the memory channels.
+The last line of each chain goes out: MEAN divides each lane by the bag length with one
+Fp32DivInt (16 cycles per line; an empty bag stays +0.0), then the line is written to
+device memory or pushed to the host. An ABORT item drops the bag in progress.
+"""
+from amaranth import Module, Signal, Mux, Const, Cat
+from amaranth.lib import data, fifo, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS, LINE_BYTES
+from ..common.fp32 import Fp32Fma, FmaOp, ONE
+from ..common.fp32_div import Fp32DivInt
+from ..cxl_controller.cache_port import cache_port_signature, CacheOp
+from ..mem.arbiter import client_port_signature
+from .command import PoolMode
+from .lookup_feeder import ItemKind
+
+LANES = LINE_BITS // 32
+MAX_DIM_LINES = 16
+
+
+class LookupUnit(wiring.Component):
+    def __init__(self, *, addr_bits: int, item_layout, unit_id: int, rob_depth: int = 128,
+                 out_depth: int = 8):
+        assert rob_depth & (rob_depth - 1) == 0
+        self.addr_bits = addr_bits
+        self.rob_depth = rob_depth
+        self.ctx_bits = (rob_depth - 1).bit_length()
+        self.out_depth = out_depth
+        self.unit_id = unit_id
+        super().__init__({
+            "items": In(stream.Signature(item_layout)),
+            "mem": Out(client_port_signature(addr_bits, self.ctx_bits)),
+            "push": Out(cache_port_signature()),
+            "out_to_host": In(1),
+            "clear": In(1),
+            "idle": Out(1),
+            "media_error": Out(1),
+            "cache_error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        R, sb = self.rob_depth, self.ctx_bits
+        meta_layout = data.StructLayout({
+            "kind": ItemKind, "k": 4, "first": 1, "last": 1, "mode": 2, "length": 16,
+            "weight": 32, "out_line": LINE_ADDR_BITS})
+        tag_layout = data.StructLayout({
+            "k": 4, "last": 1, "mode": 2, "length": 16, "out_line": LINE_ADDR_BITS})
+
+        m.submodules.rob_meta = rob_meta = memory.Memory(shape=meta_layout, depth=R, init=[])
+        m.submodules.rob_data = rob_data = memory.Memory(shape=LINE_BITS, depth=R, init=[])
+        meta_w, meta_r = rob_meta.write_port(), rob_meta.read_port(domain="comb")
+        data_w, data_r = rob_data.write_port(), rob_data.read_port(domain="comb")
+        head = Signal(sb + 1)
+        tail = Signal(sb + 1)
+        ready = Signal(R)
+
+        # ---- issue: items -> reorder slots (+ row reads) ---------------------------------
+        item = self.items.payload
+        k = Signal(4)
+        rob_full = Signal()
+        m.d.comb += rob_full.eq((tail - head)[:sb + 1] == R)
+        read_req = Signal()              # wants the memory request port for a row read
+        write_req = Signal()             # the output stage wants it for a write (priority)
+        alloc = Signal()
+        instant = Signal()               # the slot needs no read (EMPTY, ABORT)
+        req = self.mem.req
+        m.d.comb += instant.eq(item.kind != ItemKind.ROW)
+        m.d.comb += [
+            read_req.eq(self.items.valid & ~rob_full & ~instant),
+            alloc.eq(self.items.valid & ~rob_full & (instant | (~write_req & req.ready))),
+            meta_w.addr.eq(tail[:sb]), meta_w.en.eq(alloc),
+            meta_w.data.kind.eq(item.kind), meta_w.data.k.eq(k),
+            meta_w.data.first.eq(item.first | (item.kind == ItemKind.EMPTY)),
+            meta_w.data.last.eq(item.last | (item.kind == ItemKind.EMPTY)),
+            meta_w.data.mode.eq(item.mode), meta_w.data.length.eq(item.length),
+            meta_w.data.weight.eq(item.weight), meta_w.data.out_line.eq(item.out_line + k),
+        ]
+        row_done = Signal()
+        m.d.comb += row_done.eq((item.kind == ItemKind.ABORT) | (k + 1 == item.dim_lines))
+        with m.If(alloc):
+            m.d.sync += tail.eq(tail + 1)
+            with m.If(row_done):
+                m.d.sync += k.eq(0)
+                m.d.comb += self.items.ready.eq(1)
+            with m.Else():
+                m.d.sync += k.eq(k + 1)
+
+        # ---- read responses fill slots -------------------------------------------------
+        rsp = self.mem.rd_rsp
+        m.d.comb += [rsp.ready.eq(1), data_w.addr.eq(rsp.payload.ctx), data_w.data.eq(rsp.payload.data),
+                     data_w.en.eq(rsp.valid)]
+        with m.If(rsp.valid & (rsp.payload.error | rsp.payload.poison)):
+            m.d.sync += self.media_error.eq(1)
+        fill_mask, instant_mask, clr_mask = Signal(R), Signal(R), Signal(R)
+        with m.If(rsp.valid):
+            m.d.comb += fill_mask.eq(Const(1, R) << rsp.payload.ctx)
+        with m.If(alloc & instant):
+            m.d.comb += instant_mask.eq(Const(1, R) << tail[:sb])
+
+        # ---- retire: head slot -> FMA lanes -------------------------------------------
+        lanes = [Fp32Fma(tag_width=tag_layout.size if i == 0 else 1) for i in range(LANES)]
+        for i, lane in enumerate(lanes):
+            m.submodules[f"fma{i}"] = lane
+        o_valid = lanes[0].o_valid
+        o_tag = Signal(tag_layout)
+        o_line = Signal(LINE_BITS)
+        m.d.comb += [o_tag.eq(lanes[0].o_tag), o_line.eq(Cat(*(lane.o_result for lane in lanes)))]
+
+        m.submodules.acc = acc = memory.Memory(shape=LINE_BITS, depth=MAX_DIM_LINES, init=[])
+        acc_w, acc_r = acc.write_port(), acc.read_port(domain="comb")
+        m.d.comb += [acc_w.addr.eq(o_tag.k), acc_w.data.eq(o_line), acc_w.en.eq(o_valid)]
+
+        meta = meta_r.data
+        m.d.comb += [meta_r.addr.eq(head[:sb]), data_r.addr.eq(head[:sb]), acc_r.addr.eq(meta.k)]
+        hist_valid = Signal(4)           # lines issued 1..4 cycles ago, still inside the FMA
+        hist_k = [Signal(4, name=f"hist_k{i}") for i in range(4)]
+        hazard = Signal()
+        m.d.comb += hazard.eq(~meta.first & (
+            (hist_valid[0] & (hist_k[0] == meta.k)) | (hist_valid[1] & (hist_k[1] == meta.k)) |
+            (hist_valid[2] & (hist_k[2] == meta.k)) | (hist_valid[3] & (hist_k[3] == meta.k))))
+        forward = Signal()
+        m.d.comb += forward.eq(o_valid & (o_tag.k == meta.k))
+
+        # Output credit: results that will need a place in the output FIFO.
+        m.submodules.out_fifo = out_fifo = fifo.SyncFIFOBuffered(
+            width=LINE_BITS + tag_layout.size, depth=self.out_depth)
+        lasts_in_flight = Signal(range(8))
+        credit = Signal()
+        m.d.comb += credit.eq(out_fifo.level + lasts_in_flight < self.out_depth)
+
+        head_ready = Signal()
+        m.d.comb += head_ready.eq(ready.bit_select(head[:sb], 1) & (head != tail))
+        retire = Signal()
+        to_fma = Signal()
+        m.d.comb += [
+            retire.eq(head_ready & ((meta.kind == ItemKind.ABORT) | (~hazard & (~meta.last | credit)))),
+            to_fma.eq(retire & (meta.kind != ItemKind.ABORT)),
+        ]
+        with m.If(retire):
+            m.d.sync += head.eq(head + 1)
+            m.d.comb += clr_mask.eq(Const(1, R) << head[:sb])
+        m.d.sync += ready.eq((ready & ~clr_mask) | fill_mask | instant_mask)
+        m.d.sync += [hist_valid.eq(Cat(to_fma, hist_valid[:3])), hist_k[0].eq(meta.k)]
+        m.d.sync += [hist_k[i].eq(hist_k[i - 1]) for i in range(1, 4)]
+        o_last = o_valid & o_tag.last
+        m.d.sync += lasts_in_flight.eq(lasts_in_flight + (to_fma & meta.last) - o_last)
+
+        weighted = meta.mode == PoolMode.WEIGHTED_SUM
+        empty = meta.kind == ItemKind.EMPTY
+        for i, lane in enumerate(lanes):
+            row = Mux(empty, 0, data_r.data.word_select(i, 32))
+            acc_in = Mux(meta.first, 0, Mux(forward, o_line.word_select(i, 32), acc_r.data.word_select(i, 32)))
+            m.d.comb += [
+                lane.i_valid.eq(to_fma),
+                lane.op.eq(Mux(weighted, FmaOp.FMA, FmaOp.ADD)),
+                lane.a.eq(Mux(weighted, meta.weight, row)),
+                lane.b.eq(Mux(weighted, row, ONE)),
+                lane.c.eq(acc_in),
+            ]
+        tag_in = Signal(tag_layout)
+        m.d.comb += [tag_in.k.eq(meta.k), tag_in.last.eq(meta.last), tag_in.mode.eq(meta.mode),
+                     tag_in.length.eq(meta.length), tag_in.out_line.eq(meta.out_line),
+                     lanes[0].i_tag.eq(tag_in)]
+        for lane in lanes[1:]:
+            m.d.comb += lane.i_tag.eq(0)
+
+        # ---- output: chain results -> (MEAN divide) -> write or push -------------------
+        m.d.comb += [out_fifo.w_en.eq(o_last), out_fifo.w_data.eq(Cat(o_line, o_tag))]
+        head_line = out_fifo.r_data[:LINE_BITS]
+        head_tag = Signal(tag_layout)
+        m.d.comb += head_tag.eq(out_fifo.r_data[LINE_BITS:])
+        m.submodules.div = div = Fp32DivInt(tag_width=4)
+        result = Signal(LINE_BITS)
+        lane_in = Signal(5)              # lanes fed to the divider
+        lane_out = Signal(5)             # lanes back from it
+        divided = Signal()
+        m.d.comb += [div.x.eq(head_line.word_select(lane_in[:4], 32)), div.l.eq(head_tag.length),
+                     div.i_tag.eq(lane_in[:4])]
+        needs_div = (head_tag.mode == PoolMode.MEAN) & (head_tag.length != 0)
+        with m.If(out_fifo.r_rdy & needs_div & ~divided & (lane_in != LANES)):
+            m.d.comb += div.i_valid.eq(1)
+            m.d.sync += lane_in.eq(lane_in + 1)
+        with m.If(div.o_valid):
+            for i in range(LANES):
+                with m.If(div.o_tag == i):
+                    m.d.sync += result.word_select(i, 32).eq(div.o_result)
+            m.d.sync += lane_out.eq(lane_out + 1)
+            with m.If(lane_out == LANES - 1):
+                m.d.sync += divided.eq(1)
+        out_data = Mux(needs_div, result, head_line)
+        send = Signal()
+        m.d.comb += send.eq(out_fifo.r_rdy & (~needs_div | divided))
+
+        writes_out = Signal(range(R + 1))
+        pushes_out = Signal(range(R + 1))
+        sent = Signal()
+        with m.If(self.out_to_host):
+            preq = self.push.req
+            m.d.comb += [preq.valid.eq(send), preq.payload.op.eq(CacheOp.PUSH),
+                         preq.payload.addr.eq(head_tag.out_line), preq.payload.id.eq(self.unit_id),
+                         preq.payload.data.eq(out_data), sent.eq(send & preq.ready)]
+        with m.Else():
+            m.d.comb += [write_req.eq(send), sent.eq(send & req.ready)]
+        m.d.comb += [
+            req.valid.eq(write_req | read_req),
+            req.payload.write.eq(write_req),
+            req.payload.addr.eq(Mux(write_req, head_tag.out_line, item.row_line + k)),
+            req.payload.strb.eq(Const((1 << LINE_BYTES) - 1, LINE_BYTES)),
+            req.payload.data.eq(out_data),
+            req.payload.ctx.eq(tail[:sb]),
+            out_fifo.r_en.eq(sent),
+        ]
+        with m.If(sent):
+            m.d.sync += [lane_in.eq(0), lane_out.eq(0), divided.eq(0)]
+        wrsp, prsp = self.mem.wr_rsp, self.push.rsp
+        m.d.comb += [wrsp.ready.eq(1), prsp.ready.eq(1)]
+        m.d.sync += [
+            writes_out.eq(writes_out + (sent & ~self.out_to_host) - wrsp.valid),
+            pushes_out.eq(pushes_out + (sent & self.out_to_host) - prsp.valid),
+        ]
+        with m.If(wrsp.valid & wrsp.payload.error):
+            m.d.sync += self.media_error.eq(1)
+        with m.If(prsp.valid & prsp.payload.error):
+            m.d.sync += self.cache_error.eq(1)
+        with m.If(self.clear):
+            m.d.sync += [self.media_error.eq(0), self.cache_error.eq(0)]
+
+        m.d.comb += self.idle.eq(~self.items.valid & (head == tail) & (hist_valid == 0) & ~o_valid &
+                                 ~out_fifo.r_rdy & (writes_out == 0) & (pushes_out == 0))
+        return m

@@ -1,0 +1,197 @@
+"""CommandProcessor: runs the NDP submission ring (architecture.md §4), one command at a time.
+
+Ports
+- Ring registers (from the CSR block, hw/cxl_controller/csr_map.py): ``sq_base``,
+  ``cq_base`` (device line addresses), ``size_log2``, ``sq_tail`` (the doorbell) in;
+  ``sq_head``, ``busy`` and the last command's ``last_error`` / ``last_tag`` /
+  ``last_cycles`` / ``last_error_info`` out; ``completed`` and ``failed`` pulse once per
+  command (counters; ``completed`` sets STATUS.NDP_DONE).
+- ``mem``: Out(client_port_signature(addr_bits, TABLE_ID_BITS)): descriptor reads and
+  completion writes.
+- ``lookup``, ``update``: Out(engine_control_signature()) to the engines.
+
+Per command, while ``sq_head != sq_tail``: read the descriptor in slot ``head mod 2**size``;
+check it (BAD_OPCODE, BAD_TABLES, ADDRESS of the table-descriptor, offsets, output and
+gradient arrays); read its T table descriptors into the table memory; check each (BAD_DIM,
+BAD_DESCRIPTOR, ADDRESS of its rows, ``error_info`` = t or AddressFault); run the engine;
+write the ``Completion`` line into the completion ring's slot and wait until it is durable;
+then advance ``sq_head`` and pulse ``completed``. A command that fails a check never
+starts an engine, so it writes nothing but its completion. ``last_cycles`` counts from the
+descriptor read to the durable completion.
+Assumes the host writes a slot before ringing the doorbell for it and does not change the
+ring registers while ``busy`` or while commands are pending.
+"""
+from amaranth import Module, Signal, Mux, Const
+from amaranth.lib import memory, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..common.cxl_mem import LINE_BYTES
+from ..mem.arbiter import client_port_signature
+from .command import (AddressFault, CommandDescriptor, Completion, EngineStats, MAX_DIM, MAX_TABLES,
+                      MIN_DIM, NdpError, NdpOpcode, PoolMode, TableDescriptor, TABLE_ID_BITS,
+                      engine_control_signature)
+
+
+class CommandProcessor(wiring.Component):
+    def __init__(self, *, addr_bits: int, capacity_lines: int):
+        self.addr_bits = addr_bits
+        self.capacity_lines = capacity_lines
+        self.ctx_bits = TABLE_ID_BITS
+        super().__init__({
+            "sq_base": In(32), "cq_base": In(32), "size_log2": In(4), "sq_tail": In(16),
+            "sq_head": Out(16), "busy": Out(1),
+            "last_error": Out(8), "last_tag": Out(16), "last_cycles": Out(32), "last_error_info": Out(32),
+            "completed": Out(1), "failed": Out(1),
+            "mem": Out(client_port_signature(addr_bits, self.ctx_bits)),
+            "lookup": Out(engine_control_signature()),
+            "update": Out(engine_control_signature()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cap = self.capacity_lines
+        m.submodules.tables = tables = memory.Memory(shape=TableDescriptor, depth=MAX_TABLES, init=[])
+        t_w = tables.write_port()
+        t_r = tables.read_port()
+
+        cmd = Signal(CommandDescriptor)
+        stats = Signal(EngineStats)
+        err = Signal(NdpError)
+        err_info = Signal(32)
+        cycles = Signal(32)
+        counting = Signal()
+        t = Signal(TABLE_ID_BITS + 1)
+        fetched = Signal(TABLE_ID_BITS + 1)
+        check_t = Signal(TABLE_ID_BITS)
+        slot_mask = Signal(16)
+        m.d.comb += slot_mask.eq((Const(1, 17) << self.size_log2) - 1)
+        slot = self.sq_head & slot_mask
+        with m.If(counting):
+            m.d.sync += cycles.eq(cycles + 1)
+
+        req = self.mem.req
+        rsp = self.mem.rd_rsp
+        wrsp = self.mem.wr_rsp
+        m.d.comb += [rsp.ready.eq(1), wrsp.ready.eq(1),
+                     req.payload.strb.eq(Const((1 << LINE_BYTES) - 1, LINE_BYTES))]
+        m.d.comb += [t_w.addr.eq(rsp.payload.ctx), t_w.data.eq(rsp.payload.data[:TableDescriptor.as_shape().size])]
+
+        # The table memory's read port: the checks, then the running engine.
+        for eng in (self.lookup, self.update):
+            m.d.comb += [eng.cmd.eq(cmd), eng.table.eq(t_r.data)]
+        running_update = cmd.opcode == NdpOpcode.UPDATE
+
+        def fail(code, info):
+            m.d.sync += [err.eq(code), err_info.eq(info)]
+            m.next = "COMPLETE"
+
+        ntables = cmd.num_tables
+        nbags = Signal(48)
+        out_span = Signal(48)
+        m.d.comb += [nbags.eq(ntables * cmd.batch_size), out_span.eq(cmd.batch_size * cmd.row_pitch_lines)]
+        tbl = t_r.data
+        dim_lines = tbl.dim[4:9]
+        completion = Signal(Completion)
+        m.d.comb += [
+            completion.valid.eq(1), completion.error.eq(err), completion.tag.eq(cmd.tag),
+            completion.opcode.eq(cmd.opcode), completion.error_info.eq(err_info),
+            completion.cycles.eq(cycles), completion.stats.eq(stats),
+        ]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.sq_head != self.sq_tail):
+                    m.d.sync += [cycles.eq(0), counting.eq(1), err.eq(NdpError.OK), err_info.eq(0),
+                                 stats.eq(0), fetched.eq(0), t.eq(0)]
+                    m.next = "READ_CMD"
+            with m.State("READ_CMD"):
+                m.d.comb += [req.valid.eq(1), req.payload.addr.eq(self.sq_base + slot), req.payload.ctx.eq(0)]
+                with m.If(req.ready):
+                    m.next = "WAIT_CMD"
+            with m.State("WAIT_CMD"):
+                with m.If(rsp.valid):
+                    m.d.sync += cmd.eq(rsp.payload.data[:CommandDescriptor.as_shape().size])
+                    with m.If(rsp.payload.error | rsp.payload.poison):
+                        fail(NdpError.MEDIA, 0)
+                    with m.Else():
+                        m.next = "CHECK_CMD"
+            with m.State("CHECK_CMD"):
+                with m.If(cmd.opcode == NdpOpcode.NOP):
+                    m.next = "COMPLETE"
+                with m.Elif((cmd.opcode != NdpOpcode.LOOKUP) & (cmd.opcode != NdpOpcode.UPDATE)):
+                    fail(NdpError.BAD_OPCODE, 0)
+                with m.Elif((ntables == 0) | (ntables > MAX_TABLES) | (cmd.batch_size == 0) |
+                            (nbags >= 0xFFFF_FFFF)):
+                    fail(NdpError.BAD_TABLES, 0)
+                with m.Elif(cmd.tables_addr + ntables > cap):
+                    fail(NdpError.ADDRESS, AddressFault.TABLES)
+                with m.Elif(cmd.offsets_addr + ((nbags + 16) >> 4) > cap):
+                    fail(NdpError.ADDRESS, AddressFault.OFFSETS)
+                with m.Elif((cmd.opcode == NdpOpcode.LOOKUP) & ~cmd.flags.out_to_host &
+                            (cmd.out_addr + out_span > cap)):
+                    fail(NdpError.ADDRESS, AddressFault.OUTPUTS)
+                with m.Elif(running_update & (cmd.grad_addr + out_span > cap)):
+                    fail(NdpError.ADDRESS, AddressFault.GRADIENTS)
+                with m.Else():
+                    m.next = "READ_TABLES"
+            with m.State("READ_TABLES"):         # issue T reads; responses fill the table memory
+                m.d.comb += [req.valid.eq(t != ntables), req.payload.addr.eq(cmd.tables_addr + t),
+                             req.payload.ctx.eq(t)]
+                with m.If(req.valid & req.ready):
+                    m.d.sync += t.eq(t + 1)
+                with m.If(rsp.valid):
+                    m.d.comb += t_w.en.eq(1)
+                    m.d.sync += fetched.eq(fetched + 1)
+                    with m.If(rsp.payload.error | rsp.payload.poison):
+                        m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(rsp.payload.ctx)]
+                with m.If((fetched == ntables) & (t == ntables)):
+                    m.d.sync += check_t.eq(0)
+                    m.next = "CHECK_READ"
+                    with m.If(err != NdpError.OK):
+                        m.next = "COMPLETE"
+            with m.State("CHECK_READ"):          # t_r.addr = check_t; data next cycle
+                m.d.comb += t_r.addr.eq(check_t)
+                m.next = "CHECK_TABLE"
+            with m.State("CHECK_TABLE"):
+                m.d.comb += t_r.addr.eq(check_t)
+                with m.If((tbl.dim[:4] != 0) | (tbl.dim < MIN_DIM) | (tbl.dim > MAX_DIM)):
+                    fail(NdpError.BAD_DIM, check_t)
+                with m.Elif((tbl.rows == 0) | (tbl.mode.as_value() == 3) |
+                            ((tbl.mode == PoolMode.WEIGHTED_SUM) & ~cmd.flags.has_weights) |
+                            (tbl.col_lines + dim_lines > cmd.row_pitch_lines)):
+                    fail(NdpError.BAD_DESCRIPTOR, check_t)
+                with m.Elif(tbl.base_addr + tbl.rows * dim_lines > cap):
+                    fail(NdpError.ADDRESS, AddressFault.TABLE_ROWS + check_t)
+                with m.Elif(check_t + 1 == ntables):
+                    m.next = "START"
+                with m.Else():
+                    m.d.sync += check_t.eq(check_t + 1)
+                    m.next = "CHECK_READ"
+            with m.State("START"):
+                m.d.comb += [self.lookup.start.eq(~running_update), self.update.start.eq(running_update)]
+                m.next = "RUN"
+            with m.State("RUN"):
+                eng_done = Mux(running_update, self.update.done, self.lookup.done)
+                m.d.comb += t_r.addr.eq(Mux(running_update, self.update.table_index, self.lookup.table_index))
+                with m.If(eng_done):
+                    with m.If(running_update):
+                        m.d.sync += [err.eq(self.update.error), err_info.eq(self.update.error_info),
+                                     stats.eq(self.update.stats)]
+                    with m.Else():
+                        m.d.sync += [err.eq(self.lookup.error), err_info.eq(self.lookup.error_info),
+                                     stats.eq(self.lookup.stats)]
+                    m.next = "COMPLETE"
+            with m.State("COMPLETE"):
+                m.d.comb += [req.valid.eq(1), req.payload.write.eq(1), req.payload.addr.eq(self.cq_base + slot),
+                             req.payload.data.eq(completion.as_value()), req.payload.ctx.eq(0)]
+                with m.If(req.ready):
+                    m.next = "WAIT_COMPLETE"
+            with m.State("WAIT_COMPLETE"):
+                with m.If(wrsp.valid):
+                    m.d.sync += [self.sq_head.eq(self.sq_head + 1), counting.eq(0),
+                                 self.last_error.eq(err), self.last_tag.eq(cmd.tag),
+                                 self.last_cycles.eq(cycles + 1), self.last_error_info.eq(err_info)]
+                    m.d.comb += [self.completed.eq(1), self.failed.eq(err != NdpError.OK)]
+                    m.next = "IDLE"
+        m.d.comb += self.busy.eq(counting)
+        return m
