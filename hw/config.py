@@ -33,7 +33,7 @@ class DeviceConfig:
     cache_trackers: int = 64                # CXL.cache requests in flight (CQIDs)
     cache_test_port: bool = False           # expose the internal cache port at the top
     bias_pages: int = 65536                 # HDM-D bias table entries (page = capacity / pages)
-    lookup_units: int = 4                   # LOOKUP reduce units (16 FP32 lanes and a memory port each)
+    lookup_units: int = 3                   # LOOKUP reduce units (16 FP32 lanes and a memory port each)
     lookup_rob_depth: int = 128             # row lines in flight per lookup unit
 
     def __post_init__(self):

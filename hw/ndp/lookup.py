@@ -12,11 +12,12 @@ Ports
   ``id`` = ``id_base`` + unit index (responses route back by it).
 
 Structure: a LookupFeeder (hw/ndp/lookup_feeder.py) validates the arrays and emits one work
-item per index occurrence, a whole bag to one unit; each unit (hw/ndp/lookup_unit.py) has
-an item FIFO of ``item_depth`` entries, its reorder buffer, 16 FMA lanes and its output
-path. Bags are independent, so units finish them in any order; each pooled vector has its
-own address. ``done`` comes after the feeder is done and every unit is idle (all outputs
-durable in device memory or acknowledged by the host), so the host may read them at once.
+item per index occurrence, a whole bag to one of the units' two bag contexts; each unit
+(hw/ndp/lookup_unit.py) has an item FIFO of ``item_depth`` entries per context, its reorder
+buffer, 16 FMA lanes and its output path. Bags are independent, so units finish them in any
+order; each pooled vector has its own address. ``done`` comes after the feeder is done and
+every unit is idle (all outputs durable in device memory or acknowledged by the host), so
+the host may read them at once.
 
 Errors: the feeder's (OFFSETS, ADDRESS, INDEX_RANGE, BAD_DESCRIPTOR) win, then MEDIA (a
 read answered with error or poison), then CACHE (a push answered with an error). LOOKUP
@@ -41,7 +42,7 @@ class LookupEngine(wiring.Component):
         self.units = units
         self.id_base = id_base
         self.item_depth = item_depth
-        self._feeder = LookupFeeder(addr_bits=addr_bits, capacity_lines=capacity_lines, units=units)
+        self._feeder = LookupFeeder(addr_bits=addr_bits, capacity_lines=capacity_lines, units=2 * units)
         self._units = [LookupUnit(addr_bits=addr_bits, item_layout=self._feeder.item_layout, unit_id=id_base + u,
                                   rob_depth=rob_depth) for u in range(units)]
         self.feed_ctx_bits = self._feeder.ctx_bits
@@ -72,22 +73,26 @@ class LookupEngine(wiring.Component):
         width = feeder.item_layout.size
         for u, unit in enumerate(self._units):
             m.submodules[f"unit{u}"] = unit
-            q = fifo.SyncFIFOBuffered(width=width, depth=self.item_depth)
-            m.submodules[f"items{u}"] = q
-            mine = feeder.items.payload.unit == u
-            m.d.comb += [
-                q.w_en.eq(feeder.items.valid & mine), q.w_data.eq(feeder.items.payload),
-                unit.items.valid.eq(q.r_rdy), unit.items.payload.eq(q.r_data), q.r_en.eq(unit.items.ready),
-                feeder.unit_room[u].eq(q.level < self.item_depth // 2),
-                unit.out_to_host.eq(ctl.cmd.flags.out_to_host), unit.clear.eq(ctl.start),
-            ]
-            with m.If(mine):
-                m.d.comb += items_ready.eq(q.w_rdy)
+            queues_empty = []
+            for c in range(2):           # the unit's two bag contexts: feeder slot 2u + c
+                q = fifo.SyncFIFOBuffered(width=width, depth=self.item_depth)
+                m.submodules[f"items{u}_{c}"] = q
+                mine = feeder.items.payload.unit == 2 * u + c
+                m.d.comb += [
+                    q.w_en.eq(feeder.items.valid & mine), q.w_data.eq(feeder.items.payload),
+                    unit.items[c].valid.eq(q.r_rdy), unit.items[c].payload.eq(q.r_data),
+                    q.r_en.eq(unit.items[c].ready),
+                    feeder.unit_room[2 * u + c].eq(q.level < self.item_depth // 2),
+                ]
+                with m.If(mine):
+                    m.d.comb += items_ready.eq(q.w_rdy)
+                queues_empty.append(q.level == 0)
+            m.d.comb += [unit.out_to_host.eq(ctl.cmd.flags.out_to_host), unit.clear.eq(ctl.start)]
             wiring.connect(m, unit.mem, wiring.flipped(self.unit_mem[u]))
             wiring.connect(m, unit.push.req, push_arb.inputs[u])
             m.d.comb += [unit.push.rsp.valid.eq(prsp.valid & (prsp.payload.id == self.id_base + u)),
                          unit.push.rsp.payload.eq(prsp.payload)]
-            unit_idle.append(unit.idle & (q.level == 0))
+            unit_idle.append(unit.idle & queues_empty[0] & queues_empty[1])
             media_error.append(unit.media_error)
             cache_error.append(unit.cache_error)
         m.d.comb += feeder.items.ready.eq(items_ready)

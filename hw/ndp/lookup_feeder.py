@@ -4,7 +4,8 @@ Ports
 - ``start`` (pulse) with ``cmd`` (CommandDescriptor, stable until ``done``); ``table_index``
   -> ``table`` (TableDescriptor, one cycle later) reads the processor's table memory.
 - ``items``: Out stream of ``lookup_item_layout``; ``payload.unit`` names the unit the item
-  is for, ``unit_room[u]`` says unit u can take a new bag.
+  is for (a bag slot: the lookup engine gives each reduce unit two), ``unit_room[u]`` says
+  slot u can take a new bag.
 - ``done`` (pulse): every item has been emitted (or the command failed); ``error`` and
   ``error_info`` are valid with it. ``lookups``: ROW items emitted so far.
 - ``mem``: reads of the offsets, indices and weights arrays (three ElementReaders behind a

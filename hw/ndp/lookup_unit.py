@@ -1,7 +1,8 @@
 """LookupUnit: one 16-lane FP32 reduce pipeline of the lookup engine, with its own memory port.
 
 Ports
-- ``items``: In stream of ``lookup_item_layout`` (hw/ndp/lookup_feeder.py), in bag order.
+- ``items[0]``, ``items[1]``: In streams of ``lookup_item_layout`` (hw/ndp/lookup_feeder.py):
+  two bag contexts, each in bag order. Rows of the two are interleaved (see below).
 - ``mem``: Out(client_port_signature(addr_bits, rob_bits)): row reads (``ctx`` = reorder
   slot) and, when pooled vectors stay in device memory, their writes.
 - ``push``: Out(cache_port_signature()): PUSH requests of pooled vectors to host memory
@@ -13,14 +14,16 @@ Ports
 
 Datapath. Each ROW item becomes dim/16 line reads issued in order, each into a reorder
 slot (``rob_depth`` slots, enough to cover the media latency at this unit's share of the
-bandwidth). Lines retire in issue order into 16 Fp32Fma lanes (hw/common/fp32.py), one
+bandwidth); the issue stage alternates between the two contexts row by row when both have
+work. Lines retire in issue order into 16 Fp32Fma lanes (hw/common/fp32.py), one
 line per cycle: acc[k] = acc[k] + row (SUM, MEAN) or fma(w, row, acc[k]) (WEIGHTED_SUM),
 starting from +0.0, with ``k`` the line within the row: the exact operation order of
-architecture.md §5, per bag and lane. An EMPTY bag retires dim/16 lines of +0.0 + +0.0.
-A line whose chain predecessor is still inside the 5-stage FMA waits (the predecessor's
-result is forwarded in the cycle it leaves the pipeline), so a bag of dim/16 = n lines runs
-at n lines per 5 cycles when n < 5 and at one line per cycle otherwise; the feeder spreads
-bags over several units to fill the memory channels.
+architecture.md §5, per bag and lane (accumulators are per context and line). An EMPTY
+bag retires dim/16 lines of +0.0 + +0.0. A line whose chain predecessor is still inside the
+5-stage FMA waits (the predecessor's result is forwarded in the cycle it leaves the
+pipeline), so with rows of n = dim/16 lines a unit retires about min(1, 2n/5) lines per
+cycle while both contexts have bags (n/5 with one); the feeder spreads bags over the
+contexts of several units to fill the memory channels.
 The last line of each chain goes out: MEAN divides each lane by the bag length with one
 Fp32DivInt (16 cycles per line; an empty bag stays +0.0), then the line is written to
 device memory or pushed to the host. An ABORT item drops the bag in progress.
@@ -51,7 +54,7 @@ class LookupUnit(wiring.Component):
         self.out_depth = out_depth
         self.unit_id = unit_id
         super().__init__({
-            "items": In(stream.Signature(item_layout)),
+            "items": In(stream.Signature(item_layout)).array(2),
             "mem": Out(client_port_signature(addr_bits, self.ctx_bits)),
             "push": Out(cache_port_signature()),
             "out_to_host": In(1),
@@ -65,10 +68,10 @@ class LookupUnit(wiring.Component):
         m = Module()
         R, sb = self.rob_depth, self.ctx_bits
         meta_layout = data.StructLayout({
-            "kind": ItemKind, "k": 4, "first": 1, "last": 1, "mode": 2, "length": 16,
+            "kind": ItemKind, "k": 5, "first": 1, "last": 1, "mode": 2, "length": 16,
             "weight": 32, "out_line": LINE_ADDR_BITS})
         tag_layout = data.StructLayout({
-            "k": 4, "last": 1, "mode": 2, "length": 16, "out_line": LINE_ADDR_BITS})
+            "k": 5, "last": 1, "mode": 2, "length": 16, "out_line": LINE_ADDR_BITS})
 
         m.submodules.rob_meta = rob_meta = memory.Memory(shape=meta_layout, depth=R, init=[])
         m.submodules.rob_data = rob_data = memory.Memory(shape=LINE_BITS, depth=R, init=[])
@@ -79,8 +82,17 @@ class LookupUnit(wiring.Component):
         ready = Signal(R)
 
         # ---- issue: items -> reorder slots (+ row reads) ---------------------------------
-        item = self.items.payload
+        # Context choice: stay on ``sel`` inside a row; at a row boundary take the other
+        # context when ``sel`` has nothing (``sel`` flips after every row).
+        sel = Signal()
         k = Signal(4)
+        ctx_now = Signal()
+        valid_of = [self.items[0].valid, self.items[1].valid]
+        m.d.comb += ctx_now.eq(Mux((k == 0) & ~Mux(sel, valid_of[1], valid_of[0]), ~sel, sel))
+        item = Signal.like(self.items[0].payload)
+        items_valid = Signal()
+        m.d.comb += [item.eq(Mux(ctx_now, self.items[1].payload, self.items[0].payload)),
+                     items_valid.eq(Mux(ctx_now, valid_of[1], valid_of[0]))]
         rob_full = Signal()
         m.d.comb += rob_full.eq((tail - head)[:sb + 1] == R)
         read_req = Signal()              # wants the memory request port for a row read
@@ -90,10 +102,10 @@ class LookupUnit(wiring.Component):
         req = self.mem.req
         m.d.comb += instant.eq(item.kind != ItemKind.ROW)
         m.d.comb += [
-            read_req.eq(self.items.valid & ~rob_full & ~instant),
-            alloc.eq(self.items.valid & ~rob_full & (instant | (~write_req & req.ready))),
+            read_req.eq(items_valid & ~rob_full & ~instant),
+            alloc.eq(items_valid & ~rob_full & (instant | (~write_req & req.ready))),
             meta_w.addr.eq(tail[:sb]), meta_w.en.eq(alloc),
-            meta_w.data.kind.eq(item.kind), meta_w.data.k.eq(k),
+            meta_w.data.kind.eq(item.kind), meta_w.data.k.eq(Cat(k, ctx_now)),
             meta_w.data.first.eq(item.first | (item.kind == ItemKind.EMPTY)),
             meta_w.data.last.eq(item.last | (item.kind == ItemKind.EMPTY)),
             meta_w.data.mode.eq(item.mode), meta_w.data.length.eq(item.length),
@@ -104,10 +116,13 @@ class LookupUnit(wiring.Component):
         with m.If(alloc):
             m.d.sync += tail.eq(tail + 1)
             with m.If(row_done):
-                m.d.sync += k.eq(0)
-                m.d.comb += self.items.ready.eq(1)
-            with m.Else():
-                m.d.sync += k.eq(k + 1)
+                m.d.sync += [k.eq(0), sel.eq(~ctx_now)]
+                with m.If(ctx_now):
+                    m.d.comb += self.items[1].ready.eq(1)
+                with m.Else():
+                    m.d.comb += self.items[0].ready.eq(1)
+            with m.Else():              # inside a row: stay on its context
+                m.d.sync += [k.eq(k + 1), sel.eq(ctx_now)]
 
         # ---- read responses fill slots -------------------------------------------------
         rsp = self.mem.rd_rsp
@@ -130,14 +145,14 @@ class LookupUnit(wiring.Component):
         o_line = Signal(LINE_BITS)
         m.d.comb += [o_tag.eq(lanes[0].o_tag), o_line.eq(Cat(*(lane.o_result for lane in lanes)))]
 
-        m.submodules.acc = acc = memory.Memory(shape=LINE_BITS, depth=MAX_DIM_LINES, init=[])
+        m.submodules.acc = acc = memory.Memory(shape=LINE_BITS, depth=2 * MAX_DIM_LINES, init=[])
         acc_w, acc_r = acc.write_port(), acc.read_port(domain="comb")
         m.d.comb += [acc_w.addr.eq(o_tag.k), acc_w.data.eq(o_line), acc_w.en.eq(o_valid)]
 
         meta = meta_r.data
         m.d.comb += [meta_r.addr.eq(head[:sb]), data_r.addr.eq(head[:sb]), acc_r.addr.eq(meta.k)]
         hist_valid = Signal(4)           # lines issued 1..4 cycles ago, still inside the FMA
-        hist_k = [Signal(4, name=f"hist_k{i}") for i in range(4)]
+        hist_k = [Signal(5, name=f"hist_k{i}") for i in range(4)]
         hazard = Signal()
         m.d.comb += hazard.eq(~meta.first & (
             (hist_valid[0] & (hist_k[0] == meta.k)) | (hist_valid[1] & (hist_k[1] == meta.k)) |
@@ -249,6 +264,6 @@ class LookupUnit(wiring.Component):
         with m.If(self.clear):
             m.d.sync += [self.media_error.eq(0), self.cache_error.eq(0)]
 
-        m.d.comb += self.idle.eq(~self.items.valid & (head == tail) & (hist_valid == 0) & ~o_valid &
+        m.d.comb += self.idle.eq(~valid_of[0] & ~valid_of[1] & (head == tail) & (hist_valid == 0) & ~o_valid &
                                  ~out_fifo.r_rdy & (writes_out == 0) & (pushes_out == 0))
         return m

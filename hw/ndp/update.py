@@ -1,0 +1,1276 @@
+"""UpdateEngine: PyTorch's sparse SGD of every embedding index occurrence, next to memory.
+
+Contract
+--------
+Ports
+- ``ctl``: In(engine_control_signature()) (hw/ndp/command.py). ``ctl.start`` (one cycle, with
+  ``ctl.cmd`` valid and stable until ``done``) starts an UPDATE command; the engine reads table
+  descriptor t by driving ``ctl.table_index`` = t and using ``ctl.table`` one cycle later.
+  ``busy`` is high from the cycle after ``start`` until ``done``; ``done`` is a one-cycle pulse
+  with ``error``, ``error_info`` and ``stats`` valid in that cycle. The engine ignores
+  ``cmd.opcode`` (the processor only starts it for UPDATE).
+- ``mem``: Out(client_port_signature(addr_bits, ctx_bits)) (hw/mem/arbiter.py, hw/mem/port.py).
+  Requests are single lines (writes with every byte enabled, never poisoned). ``rd_rsp`` and
+  ``wr_rsp`` are always ready: every read has a reserved destination before it is issued.
+  ``ctx`` comes back unchanged and tells the engine where a response goes.
+
+Constructor: ``UpdateEngine(addr_bits=, capacity_lines=, ctx_bits=None, scratch_lines=1024)``.
+``capacity_lines`` (<= 2**addr_bits): every line the engine touches is below it.
+``scratch_lines``: the row scratchpad in 64-byte lines, a power of two >= 16 (one 256-float
+row). ``ctx_bits`` defaults to (and must be at least) ``UpdateEngine.required_ctx_bits(
+scratch_lines)`` = 3 + log2(scratch_lines) for scratch_lines >= 256 (13 for the default);
+``engine.ctx_bits`` is the width of the port.
+
+Semantics (architecture.md section 5; bit-exact with sim/model/embedding.py ``tbe_sgd_step``)
+For every index occurrence in input order (table by table, bag by bag, index by index) and
+every float lane: c = g (SUM), fp32(g * w_j) (WEIGHTED_SUM), fp32(g * fp32(1/L)) (MEAN, 1/L
+from Fp32DivInt(1.0, L)); row = fma(-lr, c, row), one rounding. g is the bag's pooled-output
+gradient line (cmd.grad_addr + b*row_pitch_lines + table.col_lines + k). A row that occurs k
+times is updated k times in that order. NaN results are the canonical 0x7FC00000.
+
+Two passes
+1. Validation (no write is issued before it ends): the offsets array (T*B+1 u32) is streamed
+   and checked, then the used part of the indices array, indices[offsets[0]:offsets[T*B]],
+   is streamed and every index is checked against its table's rows. Errors, first found
+   wins, in this order:
+   - ADDRESS, error_info = (what << 24) | table: what = 1 offsets array, 5 table rows
+     (base_addr + rows*dim/16 > capacity_lines, table t) and 4 gradients (the vector of the
+     last bag, grad_addr + (B-1)*row_pitch_lines + col_lines + dim/16 > capacity_lines, table
+     t) -- checked for every table before any array is read --, then 2 indices / 3 weights
+     (the line of indices[offsets[T*B]-1] / its weight, weights only when flags.has_weights).
+   - OFFSETS, error_info = position i of the first offset with offsets[i] < offsets[i-1], or
+     offsets[i] - offsets[i-1] > 65535 (a bag longer than Fp32DivInt's 16-bit L range;
+     rejected in every pooling mode).
+   - INDEX_RANGE, error_info = element position of the first index >= its table's rows.
+   offsets[0] need not be 0; indices before offsets[0] are not read.
+2. Apply: bag stage -> lookahead -> scratchpad -> 16-lane FP datapath (below). Rows are read
+   once into the scratchpad, updated there and written back; at the end every cached row is
+   written back and the engine waits for all write responses (durable) before ``done``.
+   A command without index occurrences completes after validation, touching nothing.
+MEDIA (error_info = what << 24: 1 offsets, 2 indices, 3 weights, 4 gradients, 5 row read;
+6 row write): a read response with error or poison, or a write response with error. In the
+validation pass nothing has been written. In the apply pass the engine stops issuing,
+drains every outstanding response, drops the scratchpad without writing it back and ends
+with MEDIA: rows of this batch may then hold their old value or any intermediate value of
+the update sequence (rows evicted earlier were written back). The device's undo log is the
+recovery path. After any error the engine is ready for the next command.
+
+Stats (EngineStats): lookups = occurrences applied; rows_read / rows_written = row fills /
+row write-backs; lines_read / lines_written = every line read (offsets and indices twice:
+once per pass; weights, gradients of non-empty bags, rows) / written; lines_pushed = 0.
+unique_rows = row fills of rows the command had not evicted before, as far as a filter of
+4*scratch_lines entries (hash of the row address -> command epoch) can tell: exact when no
+row was evicted (then rows_read == unique_rows); with evictions a re-read row never counts,
+and a new row whose hash collides with an evicted one is missed (a lower bound, off by about
+evictions/(4*scratch_lines) of the misses). The 16-bit epoch wraps after 65535 commands.
+
+Scratchpad (write-back row cache)
+- Slots of S = 2**ceil(log2(max dim/16 over the command's tables)) lines; scratch_lines/S
+  slots. Slot state (row address, lines, last occurrence number that uses it, a reference
+  bit, its tag way) lives in a Memory; a row is identified by its first line address.
+- Lookup: an 8-way set-associative tag store (scratch_lines/2 sets, a multiplicative hash of
+  the row address) maps row address -> slot; tags are decoupled from slots (4x more tag
+  entries than slots at S=1), so a batch whose distinct rows fit in the slots is read once
+  and written once unless 9+ of them hash to one set (then one of that set's rows is evicted,
+  which costs traffic, not correctness).
+- Pinning without counters: occurrence n (in input order) carries its number; a slot is
+  pinned while its last user's number >= ``completed`` (occurrences whose last line has been
+  written back into the scratchpad). Only unpinned slots are evicted, so every pending update
+  of a row is applied before it is written back; a row that recurs later is re-read, and the
+  memory port's read-after-write rule makes that exact.
+- Replacement: unused slots first, then CLOCK (second chance: the reference bit is set on a
+  hit, cleared as the hand passes; pinned slots are skipped). If every slot is pinned the
+  lookahead waits for the datapath.
+- Fill/write-back order: the victim's lines are read from the scratchpad and issued as writes
+  before the new row's fill reads are issued (one request stream, program order).
+
+Pipeline, latency and throughput
+- Bag stage: walks the offsets (one bag per cycle), fetches the gradient lines of each
+  non-empty bag into a 256-line ring, computes 1/L (Fp32DivInt, 10 cycles, pipelined).
+- Lookahead: one occurrence per cycle on a hit (3-stage: row address, tag read, compare);
+  a miss into a free slot costs 1 + dim/16 cycles, a miss with eviction ~4 + 2*dim/16 (the
+  write-back and the fill share the request stream). Up to 128 occurrences wait in the
+  occurrence queue; their fills are in flight meanwhile (hundreds of lines), which hides the
+  media latency.
+- Datapath: 16 Fp32Fma lanes (one 64-byte line per cycle), shared by the two operations:
+  MUL (c = g * scale, into a 32-line contribution ring; WEIGHTED_SUM and MEAN only) and FMA
+  (row = fma(-lr, c, row)). An FMA line-step issues when its row line has arrived, its
+  contribution is ready and no FMA on the same line issued in the previous 4 cycles; the
+  result of a step 5 cycles earlier is forwarded, so a row updated back to back costs 5
+  cycles per line-step chain (a hot dim-16 row: 5 cycles per occurrence; dim >= 80: no
+  stall). Otherwise one line-step per cycle (SUM) or two (MUL + FMA).
+- End: all cached rows are written back (one line per cycle, as the port accepts them), then
+  ``done`` follows the last write response. Validation streams up to 64 index lines in flight.
+
+Assumptions: the processor has checked the descriptor (T in 1..128, B >= 1, dims multiple of
+16 in [16, 256], rows >= 1, pooling mode, has_weights for WEIGHTED_SUM). Tables must not
+partially overlap in memory (identical overlapping rows share one cache entry, by address).
+The memory port honours hw/mem/port.py (read-after-write per line, writes per line in order).
+"""
+from __future__ import annotations
+
+import enum
+
+from amaranth import Cat, Const, Elaboratable, Module, Mux, ResetInserter, Signal, Value
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..common.cxl_mem import LINE_BITS
+from ..common.fp32 import ONE, FmaOp, Fp32Fma
+from ..common.fp32_div import Fp32DivInt
+from ..mem.arbiter import client_port_signature
+from .command import FLOATS_PER_LINE, MAX_TABLES, NdpError, PoolMode, engine_control_signature
+
+LANES = FLOATS_PER_LINE
+KIND_BITS = 3
+MAX_BAG = 0xFFFF                 # Fp32DivInt takes a 16-bit L
+WIDE = 52                        # address arithmetic of the range checks never wraps
+
+
+class Kind(enum.IntEnum):
+    """ctx[-3:]: which buffer a response fills (also the 'what' of ADDRESS / MEDIA infos)."""
+    OFFSETS = 1
+    INDICES = 2
+    WEIGHTS = 3
+    GRAD = 4
+    ROW = 5
+    WB = 6
+
+
+def _hash(key, bits, mult):
+    """Multiplicative (Fibonacci) hash of a 32-bit key to ``bits`` bits."""
+    return (key[:32] * mult)[32 - bits:32]
+
+
+def _shift_of(max_lines):
+    """log2 of the slot size: the power of two >= max_lines (1..16)."""
+    return Mux(max_lines <= 1, 0, Mux(max_lines <= 2, 1, Mux(max_lines <= 4, 2, Mux(max_lines <= 8, 3, 4))))
+
+
+class _LineReader(Elaboratable):
+    """``n_lines`` consecutive lines from ``first_line``, delivered in order.
+
+    Reads are issued while the reorder buffer (``depth`` lines) has room; responses (any
+    order) land in the buffer slot named by ``req_slot``; ``out`` presents them in order
+    from a registered read port. ``start`` begins a run; ``clear`` forgets everything (only
+    when no read of this reader is outstanding).
+    """
+
+    def __init__(self, depth, addr_bits):
+        self.depth = depth
+        self.slot_bits = ceil_log2(depth)
+        self.clear = Signal()
+        self.start = Signal()
+        self.first_line = Signal(addr_bits)
+        self.n_lines = Signal(addr_bits + 1)
+        self.req_valid = Signal()
+        self.req_ready = Signal()
+        self.req_addr = Signal(addr_bits)
+        self.req_slot = Signal(self.slot_bits)
+        self.rsp_valid = Signal()
+        self.rsp_slot = Signal(self.slot_bits)
+        self.rsp_data = Signal(LINE_BITS)
+        self.out_valid = Signal()
+        self.out_ready = Signal()
+        self.out_data = Signal(LINE_BITS)
+
+    def elaborate(self, platform):
+        m = Module()
+        sb, depth = self.slot_bits, self.depth
+        remaining = Signal.like(self.n_lines)
+        next_addr = Signal.like(self.first_line)
+        issue_ptr = Signal(sb + 1)
+        head = Signal(sb + 1)
+        arrived = Signal(depth)
+        m.submodules.buf = buf = Memory(shape=LINE_BITS, depth=depth, init=[])
+        wp = buf.write_port()
+        rp = buf.read_port()
+        m.d.comb += [wp.addr.eq(self.rsp_slot), wp.data.eq(self.rsp_data), wp.en.eq(self.rsp_valid)]
+
+        occupancy = Signal(sb + 1)
+        m.d.comb += [
+            occupancy.eq(issue_ptr - head),
+            self.req_valid.eq((remaining != 0) & (occupancy != depth)),
+            self.req_addr.eq(next_addr),
+            self.req_slot.eq(issue_ptr[:sb]),
+        ]
+        with m.If(self.req_valid & self.req_ready):
+            m.d.sync += [remaining.eq(remaining - 1), next_addr.eq(next_addr + 1), issue_ptr.eq(issue_ptr + 1)]
+        with m.If(self.start):
+            m.d.sync += [remaining.eq(self.n_lines), next_addr.eq(self.first_line)]
+
+        pop = Signal()
+        m.d.comb += [
+            pop.eq(arrived.bit_select(head[:sb], 1) & (~self.out_valid | self.out_ready)),
+            rp.addr.eq(head[:sb]), rp.en.eq(pop), self.out_data.eq(rp.data),
+        ]
+        set_mask = Mux(self.rsp_valid, Const(1, depth) << self.rsp_slot, 0)
+        clr_mask = Mux(pop, Const(1, depth) << head[:sb], 0)
+        m.d.sync += arrived.eq((arrived | set_mask) & ~clr_mask)
+        with m.If(pop):
+            m.d.sync += [head.eq(head + 1), self.out_valid.eq(1)]
+        with m.Elif(self.out_ready):
+            m.d.sync += self.out_valid.eq(0)
+
+        with m.If(self.clear):
+            m.d.sync += [remaining.eq(0), issue_ptr.eq(0), head.eq(0), arrived.eq(0), self.out_valid.eq(0)]
+        return m
+
+
+class _ElementStream(Elaboratable):
+    """u32 elements out of a line stream: ``count`` elements from lane ``first_lane`` on."""
+
+    def __init__(self, count_bits):
+        self.clear = Signal()
+        self.start = Signal()
+        self.first_lane = Signal(4)
+        self.count = Signal(count_bits)
+        self.line_valid = Signal()
+        self.line_ready = Signal()
+        self.line_data = Signal(LINE_BITS)
+        self.valid = Signal()
+        self.ready = Signal()
+        self.data = Signal(32)
+
+    def elaborate(self, platform):
+        m = Module()
+        lane = Signal(4)
+        remaining = Signal.like(self.count)
+        take = Signal()
+        m.d.comb += [
+            self.valid.eq(self.line_valid & (remaining != 0)),
+            self.data.eq(self.line_data.word_select(lane, 32)),
+            take.eq(self.valid & self.ready),
+            self.line_ready.eq(take & ((lane == LANES - 1) | (remaining == 1))),
+        ]
+        with m.If(take):
+            m.d.sync += [remaining.eq(remaining - 1), lane.eq(lane + 1)]
+        with m.If(self.start):
+            m.d.sync += [remaining.eq(self.count), lane.eq(self.first_lane)]
+        with m.If(self.clear):
+            m.d.sync += remaining.eq(0)
+        return m
+
+
+class _Source:
+    """One requester of the memory port (merged by fixed priority)."""
+
+    def __init__(self, name, addr_bits, ctx_bits):
+        self.valid = Signal(name=f"{name}_req_valid")
+        self.ready = Signal(name=f"{name}_req_ready")
+        self.write = Signal(name=f"{name}_req_write")
+        self.addr = Signal(addr_bits, name=f"{name}_req_addr")
+        self.data = Signal(LINE_BITS, name=f"{name}_req_data")
+        self.ctx = Signal(ctx_bits, name=f"{name}_req_ctx")
+
+
+class Main(enum.IntEnum):
+    IDLE = 0
+    CHK_OFFS = 1
+    TBL_CHK = 2
+    OFFS_SCAN = 3
+    IDX_PREP = 4
+    IDX_TLOAD = 5
+    IDX_SCAN = 6
+    IDX_DONE = 7
+    APPLY_CLR = 8
+    APPLY_START = 9
+    APPLY = 10
+    FLUSH = 11
+    WAIT_WR = 12
+    ERR_DRAIN = 13
+    ABORT = 14
+    ABORT_SCAN = 15
+    DONE = 16
+
+
+class Bag(enum.IntEnum):
+    IDLE = 0
+    FIRST = 1
+    TSEL = 2
+    TLOAD = 3
+    BAG = 4
+    GRAD = 5
+    DONE = 6
+
+
+class Mgr(enum.IntEnum):
+    IDLE = 0
+    LOOK = 1
+    CLOCK = 2
+    CONF_RD = 3
+    CONF_CHK = 4
+    INSERT = 5
+    FILL = 6
+    PUSH = 7
+    FL_RD = 8
+    FL_CHK = 9
+    FL_WB = 10
+    FL_INV = 11
+
+
+class UpdateEngine(wiring.Component):
+    """Sparse SGD of a TBE batch (opcode UPDATE); see the module docstring."""
+    WAYS = 8
+    GRAD_LINES = 256
+    CONTRIB_LINES = 32
+    OCC_DEPTH = 128
+    FMA_QUEUE_DEPTH = 16
+    BAG_DEPTH = 32
+    OFFSETS_ROB = 16
+    INDICES_ROB = 64
+    WEIGHTS_ROB = 16
+
+    @classmethod
+    def required_ctx_bits(cls, scratch_lines: int = 1024) -> int:
+        payload = max(ceil_log2(scratch_lines), ceil_log2(cls.GRAD_LINES), ceil_log2(cls.INDICES_ROB),
+                      ceil_log2(cls.OFFSETS_ROB), ceil_log2(cls.WEIGHTS_ROB))
+        return payload + KIND_BITS
+
+    def __init__(self, *, addr_bits: int, capacity_lines: int, ctx_bits: int | None = None,
+                 scratch_lines: int = 1024):
+        if scratch_lines < 16 or scratch_lines & (scratch_lines - 1):
+            raise ValueError(f"scratch_lines must be a power of two >= 16, got {scratch_lines}")
+        if not 1 <= capacity_lines <= 1 << addr_bits or addr_bits > 32:
+            raise ValueError(f"capacity_lines {capacity_lines} does not fit {addr_bits} address bits (<= 32)")
+        need = self.required_ctx_bits(scratch_lines)
+        if ctx_bits is None:
+            ctx_bits = need
+        if ctx_bits < need:
+            raise ValueError(f"ctx_bits must be at least {need}, got {ctx_bits}")
+        self.addr_bits = addr_bits
+        self.capacity_lines = capacity_lines
+        self.ctx_bits = ctx_bits
+        self.scratch_lines = scratch_lines
+        self.payload_bits = need - KIND_BITS
+        super().__init__({
+            "ctl": In(engine_control_signature()),
+            "mem": Out(client_port_signature(addr_bits, ctx_bits)),
+        })
+
+    # ------------------------------------------------------------------------------------
+    def elaborate(self, platform):
+        m = Module()
+        A = self.addr_bits
+        CAP = self.capacity_lines
+        SL = self.scratch_lines
+        SB = ceil_log2(SL)                      # scratch line address bits (also slot index bits)
+        GB = ceil_log2(self.GRAD_LINES)
+        CB = ceil_log2(self.CONTRIB_LINES)
+        W = self.WAYS
+        WB_ = ceil_log2(W)
+        TSB = SB - 1                            # tag sets = scratch_lines / 2
+        FB = SB + 2                             # evicted-rows filter entries = 4 * scratch_lines
+        PB = self.payload_bits
+        cmd = self.ctl.cmd
+        tab = self.ctl.table
+
+        def ctx_of(kind, payload):
+            p = Value.cast(payload)
+            if len(p) < PB:
+                p = Cat(p, Const(0, PB - len(p)))
+            return Cat(p[:PB], Const(int(kind), KIND_BITS))
+
+        # ---------------------------------------------------------------- shared state --
+        state = Signal(Main)
+        clr = Signal()                          # start of a command: forget the last one
+        freeze = Signal()                       # MEDIA abort: issue nothing new
+        tbl_sel = Signal(7)
+        m.d.comb += self.ctl.table_index.eq(tbl_sel)
+
+        err = Signal(NdpError)
+        err_info = Signal(32)
+        media_err = Signal()
+        media_info = Signal(32)
+        epoch = Signal(16, init=1)
+
+        st_lookups = Signal(32)
+        st_rows_read = Signal(32)
+        st_rows_written = Signal(32)
+        st_unique = Signal(32)
+        st_lines_read = Signal(32)
+        st_lines_written = Signal(32)
+
+        n_bags = Signal(48)                     # T * B
+        gmul = Signal(48)                       # (B - 1) * row_pitch_lines
+        max_lines = Signal(5)
+        slot_shift = Signal(3)
+        nslots = Signal(SB + 1)
+        m.d.comb += [slot_shift.eq(_shift_of(max_lines)), nslots.eq(Const(SL, SB + 1) >> slot_shift)]
+        tb_first = Signal(32)                   # offsets[0]
+        tb_last = Signal(32)                    # offsets[T*B]
+        total = Signal(32)                      # index occurrences
+        seq = Signal(32)                        # occurrences handed to the datapath
+        completed = Signal(32)                  # occurrences whose last line is written back
+        reads_out = Signal(16)
+        writes_out = Signal(16)
+
+        # ---------------------------------------------------------------- stream readers --
+        cnt_bits = 48
+        m.submodules.rd_off = rd_off = ResetInserter(clr)(_LineReader(self.OFFSETS_ROB, A))
+        m.submodules.rd_idx = rd_idx = ResetInserter(clr)(_LineReader(self.INDICES_ROB, A))
+        m.submodules.rd_w = rd_w = ResetInserter(clr)(_LineReader(self.WEIGHTS_ROB, A))
+        m.submodules.es_off = es_off = ResetInserter(clr)(_ElementStream(cnt_bits))
+        m.submodules.es_idx = es_idx = ResetInserter(clr)(_ElementStream(cnt_bits))
+        m.submodules.es_w = es_w = ResetInserter(clr)(_ElementStream(cnt_bits))
+        rd_clr = Signal()
+        for r in (rd_off, rd_idx, rd_w):
+            m.d.comb += r.clear.eq(rd_clr)
+        for e, r in ((es_off, rd_off), (es_idx, rd_idx), (es_w, rd_w)):
+            m.d.comb += [e.clear.eq(rd_clr), e.line_valid.eq(r.out_valid), e.line_data.eq(r.out_data)]
+        # In the apply pass the element streams consume the readers; in validation the main
+        # FSM takes whole lines (val_pop).
+        val_pop_off = Signal()
+        val_pop_idx = Signal()
+        m.d.comb += [
+            rd_off.out_ready.eq(es_off.line_ready | val_pop_off),
+            rd_idx.out_ready.eq(es_idx.line_ready | val_pop_idx),
+            rd_w.out_ready.eq(es_w.line_ready),
+        ]
+
+        # ---------------------------------------------------------------- request path --
+        src_look = _Source("look", A, self.ctx_bits)     # row write-backs and fills
+        src_grad = _Source("grad", A, self.ctx_bits)
+        src_idx = _Source("idx", A, self.ctx_bits)
+        src_w = _Source("w", A, self.ctx_bits)
+        src_off = _Source("off", A, self.ctx_bits)
+        for src, r, kind in ((src_idx, rd_idx, Kind.INDICES), (src_w, rd_w, Kind.WEIGHTS),
+                             (src_off, rd_off, Kind.OFFSETS)):
+            m.d.comb += [src.valid.eq(r.req_valid), r.req_ready.eq(src.ready), src.addr.eq(r.req_addr),
+                         src.ctx.eq(ctx_of(kind, r.req_slot))]
+        sources = [src_look, src_grad, src_idx, src_w, src_off]
+
+        req = self.mem.req
+        out_valid = Signal()
+        take = Signal()
+        m.d.comb += [take.eq(~out_valid | req.ready), req.valid.eq(out_valid)]
+        granted = Signal()
+        g_write = Signal()
+        for i, src in enumerate(sources):
+            higher = [s.valid for s in sources[:i]]
+            mine = src.valid & ~freeze
+            for h in higher:
+                mine = mine & ~h
+            m.d.comb += src.ready.eq(take & mine)
+            with m.If(mine):
+                m.d.comb += granted.eq(1)
+                m.d.comb += g_write.eq(src.write)
+                with m.If(take):
+                    m.d.sync += [req.payload.write.eq(src.write), req.payload.addr.eq(src.addr),
+                                 req.payload.data.eq(src.data), req.payload.ctx.eq(src.ctx)]
+        m.d.comb += [req.payload.strb.eq(Const((1 << 64) - 1, 64)), req.payload.poison.eq(0)]
+        with m.If(take):
+            m.d.sync += out_valid.eq(granted)
+        issued_rd = Signal()
+        issued_wr = Signal()
+        m.d.comb += [issued_rd.eq(take & granted & ~g_write), issued_wr.eq(take & granted & g_write)]
+
+        # ---------------------------------------------------------------- responses --
+        rsp = self.mem.rd_rsp
+        wrsp = self.mem.wr_rsp
+        m.d.comb += [rsp.ready.eq(1), wrsp.ready.eq(1)]
+        rkind = rsp.payload.ctx[PB:PB + KIND_BITS]
+        rpay = rsp.payload.ctx[:PB]
+        for r, kind in ((rd_off, Kind.OFFSETS), (rd_idx, Kind.INDICES), (rd_w, Kind.WEIGHTS)):
+            m.d.comb += [r.rsp_valid.eq(rsp.valid & (rkind == kind)), r.rsp_slot.eq(rpay[:r.slot_bits]),
+                         r.rsp_data.eq(rsp.payload.data)]
+        m.d.sync += [reads_out.eq(reads_out + issued_rd - rsp.valid),
+                     writes_out.eq(writes_out + issued_wr - wrsp.valid)]
+        with m.If(issued_rd):
+            m.d.sync += st_lines_read.eq(st_lines_read + 1)
+        with m.If(issued_wr):
+            m.d.sync += st_lines_written.eq(st_lines_written + 1)
+        with m.If(~media_err):
+            with m.If(wrsp.valid & wrsp.payload.error):
+                m.d.sync += [media_err.eq(1), media_info.eq(int(Kind.WB) << 24)]
+            with m.If(rsp.valid & (rsp.payload.error | rsp.payload.poison)):
+                m.d.sync += [media_err.eq(1), media_info.eq(Cat(Const(0, 24), rkind))]
+
+        # ---------------------------------------------------------------- memories --
+        m.submodules.scratch = scratch = Memory(shape=LINE_BITS, depth=SL, init=[])
+        scr_fill = scratch.write_port()
+        scr_upd = scratch.write_port()
+        scr_rd = scratch.read_port(transparent_for=(scr_upd,))     # FMA row operand
+        scr_wb = scratch.read_port()                               # write-backs
+        m.submodules.scr_arrived = scr_arrived = Memory(shape=1, depth=SL, init=[])
+        arr_set = scr_arrived.write_port()
+        arr_clr = scr_arrived.write_port()
+        arr_rd = scr_arrived.read_port(domain="comb")
+        m.d.comb += [scr_fill.addr.eq(rpay[:SB]), scr_fill.data.eq(rsp.payload.data),
+                     scr_fill.en.eq(rsp.valid & (rkind == Kind.ROW)),
+                     arr_set.addr.eq(rpay[:SB]), arr_set.data.eq(1), arr_set.en.eq(rsp.valid & (rkind == Kind.ROW)),
+                     arr_clr.data.eq(0)]
+
+        m.submodules.grad_mem = grad_mem = Memory(shape=LINE_BITS, depth=self.GRAD_LINES, init=[])
+        grad_wp = grad_mem.write_port()
+        grad_rp = grad_mem.read_port()
+        m.submodules.grad_arrived = grad_arrived = Memory(shape=1, depth=self.GRAD_LINES, init=[])
+        garr_set = grad_arrived.write_port()
+        garr_clr = grad_arrived.write_port()
+        garr_mul = grad_arrived.read_port(domain="comb")
+        garr_fma = grad_arrived.read_port(domain="comb")
+        m.d.comb += [grad_wp.addr.eq(rpay[:GB]), grad_wp.data.eq(rsp.payload.data),
+                     grad_wp.en.eq(rsp.valid & (rkind == Kind.GRAD)),
+                     garr_set.addr.eq(rpay[:GB]), garr_set.data.eq(1), garr_set.en.eq(rsp.valid & (rkind == Kind.GRAD)),
+                     garr_clr.data.eq(0)]
+
+        m.submodules.tb_mem = tb_mem = Memory(shape=32, depth=MAX_TABLES + 1, init=[])
+        tb_wp = tb_mem.write_port()
+        tb_rp = tb_mem.read_port()
+
+        # ---------------------------------------------------------------- main FSM --
+        t_chk = Signal(8)
+        line_pos = Signal(48)                   # element position of lane 0 of the current line
+        checked = Signal()
+        prev_last = Signal(32)
+        cap_t = Signal(8)
+        nb = Signal(48)                         # next table boundary position t*B
+        lo = Signal(32)                         # first index position of the current table
+        flush_go = Signal()
+        abort_go = Signal()
+        bag_go = Signal()
+        look_go = Signal()
+        mgr_idle = Signal()
+        bag_done = Signal()
+        look_empty = Signal()
+
+        def fail(code, info):
+            m.d.sync += [err.eq(code), err_info.eq(info), state.eq(Main.ERR_DRAIN)]
+
+        lines_of_tab = tab.dim[4:9]
+        lanes_of = lambda line: [line[32 * i:32 * (i + 1)] for i in range(LANES)]  # noqa: E731
+
+        m.d.comb += [self.ctl.busy.eq(state != Main.IDLE), self.ctl.done.eq(state == Main.DONE),
+                     self.ctl.error.eq(err), self.ctl.error_info.eq(err_info),
+                     self.ctl.stats.lookups.eq(st_lookups), self.ctl.stats.rows_read.eq(st_rows_read),
+                     self.ctl.stats.rows_written.eq(st_rows_written), self.ctl.stats.unique_rows.eq(st_unique),
+                     self.ctl.stats.lines_read.eq(st_lines_read), self.ctl.stats.lines_written.eq(st_lines_written),
+                     self.ctl.stats.lines_pushed.eq(0)]
+        m.d.comb += st_lookups.eq(completed)
+
+        with m.Switch(state):
+            with m.Case(Main.IDLE):
+                with m.If(self.ctl.start):
+                    m.d.comb += clr.eq(1)
+                    m.d.sync += [
+                        n_bags.eq(cmd.num_tables * cmd.batch_size),
+                        gmul.eq((cmd.batch_size - 1) * cmd.row_pitch_lines),
+                        err.eq(NdpError.OK), err_info.eq(0), media_err.eq(0), media_info.eq(0),
+                        epoch.eq(epoch + 1),
+                        st_rows_read.eq(0), st_rows_written.eq(0), st_unique.eq(0),
+                        st_lines_read.eq(0), st_lines_written.eq(0),
+                        max_lines.eq(0), t_chk.eq(0), total.eq(0),
+                        state.eq(Main.CHK_OFFS),
+                    ]
+
+            with m.Case(Main.CHK_OFFS):
+                m.d.comb += tbl_sel.eq(0)
+                last = cmd.offsets_addr + (n_bags >> 4)
+                with m.If(last >= CAP):
+                    fail(NdpError.ADDRESS, int(Kind.OFFSETS) << 24)
+                with m.Else():
+                    m.d.comb += [rd_off.start.eq(1), rd_off.first_line.eq(cmd.offsets_addr),
+                                 rd_off.n_lines.eq((n_bags >> 4) + 1)]
+                    m.d.sync += state.eq(Main.TBL_CHK)
+
+            with m.Case(Main.TBL_CHK):
+                m.d.comb += tbl_sel.eq(t_chk + 1)
+                row_end = Signal(WIDE)
+                grad_end = Signal(WIDE)
+                m.d.comb += [row_end.eq(tab.base_addr + tab.rows * lines_of_tab),
+                             grad_end.eq(cmd.grad_addr + gmul + tab.col_lines + lines_of_tab)]
+                with m.If(row_end > CAP):
+                    fail(NdpError.ADDRESS, Cat(t_chk, Const(0, 16), Const(int(Kind.ROW), 8)))
+                with m.Elif(grad_end > CAP):
+                    fail(NdpError.ADDRESS, Cat(t_chk, Const(0, 16), Const(int(Kind.GRAD), 8)))
+                with m.Else():
+                    with m.If(lines_of_tab > max_lines):
+                        m.d.sync += max_lines.eq(lines_of_tab)
+                    m.d.sync += t_chk.eq(t_chk + 1)
+                    with m.If(t_chk + 1 == cmd.num_tables):
+                        m.d.sync += [state.eq(Main.OFFS_SCAN), line_pos.eq(0), checked.eq(0), cap_t.eq(0),
+                                     nb.eq(0)]
+
+            with m.Case(Main.OFFS_SCAN):
+                line = lanes_of(rd_off.out_data)
+                bad = []
+                for i in range(LANES):
+                    prev = prev_last if i == 0 else line[i - 1]
+                    pos = line_pos + i
+                    inside = (pos >= 1) & (pos <= n_bags)
+                    diff = Signal(33, name=f"off_diff{i}")
+                    m.d.comb += diff.eq(line[i] - prev)
+                    bad.append(inside & ((line[i] < prev) | (diff > MAX_BAG)))
+                first_bad = Signal(4)
+                for i in reversed(range(LANES)):
+                    with m.If(bad[i]):
+                        m.d.comb += first_bad.eq(i)
+                any_bad = Cat(*bad).any()
+                with m.If(media_err):
+                    fail(NdpError.MEDIA, media_info)
+                with m.Elif(rd_off.out_valid):
+                    with m.If(~checked):
+                        with m.If(any_bad):
+                            fail(NdpError.OFFSETS, (line_pos + first_bad)[:32])
+                        with m.Else():
+                            m.d.sync += checked.eq(1)
+                    with m.Elif((cap_t <= cmd.num_tables) & (nb < line_pos + LANES)):
+                        # Capture offsets[t*B] (table t's first index position), one per cycle.
+                        value = rd_off.out_data.word_select((nb - line_pos)[:4], 32)
+                        m.d.comb += [tb_wp.addr.eq(cap_t), tb_wp.data.eq(value), tb_wp.en.eq(1)]
+                        with m.If(cap_t == 0):
+                            m.d.sync += tb_first.eq(value)
+                        with m.If(cap_t == cmd.num_tables):
+                            m.d.sync += tb_last.eq(value)
+                        m.d.sync += [cap_t.eq(cap_t + 1), nb.eq(nb + cmd.batch_size)]
+                    with m.Else():
+                        m.d.comb += val_pop_off.eq(1)
+                        m.d.sync += [checked.eq(0), line_pos.eq(line_pos + LANES), prev_last.eq(line[LANES - 1])]
+                        with m.If(line_pos[4:] == n_bags[4:]):
+                            m.d.sync += state.eq(Main.IDX_PREP)
+
+            with m.Case(Main.IDX_PREP):
+                first_rel = tb_first >> 4
+                last_rel = (tb_last - 1)[:32] >> 4
+                m.d.sync += total.eq(tb_last - tb_first)
+                with m.If(tb_last == tb_first):
+                    m.d.sync += state.eq(Main.DONE)         # nothing to update
+                with m.Elif(cmd.indices_addr + last_rel >= CAP):
+                    fail(NdpError.ADDRESS, int(Kind.INDICES) << 24)
+                with m.Elif(cmd.flags.has_weights & (cmd.weights_addr + last_rel >= CAP)):
+                    fail(NdpError.ADDRESS, int(Kind.WEIGHTS) << 24)
+                with m.Else():
+                    m.d.comb += [rd_idx.start.eq(1), rd_idx.first_line.eq(cmd.indices_addr + first_rel),
+                                 rd_idx.n_lines.eq(last_rel - first_rel + 1)]
+                    m.d.sync += [t_chk.eq(0), lo.eq(tb_first), line_pos.eq(first_rel << 4),
+                                 state.eq(Main.IDX_TLOAD)]
+
+            with m.Case(Main.IDX_TLOAD):
+                m.d.comb += [tbl_sel.eq(t_chk), tb_rp.addr.eq(t_chk + 1)]
+                m.d.sync += state.eq(Main.IDX_SCAN)
+
+            with m.Case(Main.IDX_SCAN):
+                m.d.comb += [tbl_sel.eq(t_chk), tb_rp.addr.eq(t_chk + 1)]
+                end = tb_rp.data
+                rows = tab.rows
+                line = lanes_of(rd_idx.out_data)
+                bad = []
+                for i in range(LANES):
+                    pos = line_pos + i
+                    bad.append((pos >= lo) & (pos < end) & (line[i] >= rows))
+                first_bad = Signal(4)
+                for i in reversed(range(LANES)):
+                    with m.If(bad[i]):
+                        m.d.comb += first_bad.eq(i)
+                any_bad = Cat(*bad).any()
+                last_table = t_chk + 1 == cmd.num_tables
+
+                def next_table():
+                    m.d.sync += [lo.eq(end), t_chk.eq(t_chk + 1)]
+                    with m.If(last_table):
+                        m.d.sync += state.eq(Main.IDX_DONE)
+                    with m.Else():
+                        m.d.sync += state.eq(Main.IDX_TLOAD)
+
+                with m.If(media_err):
+                    fail(NdpError.MEDIA, media_info)
+                with m.Elif(end == lo):
+                    next_table()                            # no index in this table
+                with m.Elif(rd_idx.out_valid):
+                    with m.If(any_bad):
+                        fail(NdpError.INDEX_RANGE, (line_pos + first_bad)[:32])
+                    with m.Elif(end <= line_pos + LANES):
+                        next_table()
+                        with m.If(end == line_pos + LANES):
+                            m.d.comb += val_pop_idx.eq(1)
+                            m.d.sync += line_pos.eq(line_pos + LANES)
+                    with m.Else():
+                        m.d.comb += val_pop_idx.eq(1)
+                        m.d.sync += line_pos.eq(line_pos + LANES)
+
+            with m.Case(Main.IDX_DONE):
+                with m.If(media_err):
+                    fail(NdpError.MEDIA, media_info)
+                with m.Elif(reads_out == 0):
+                    m.d.sync += state.eq(Main.APPLY_CLR)
+
+            with m.Case(Main.APPLY_CLR):
+                m.d.comb += rd_clr.eq(1)
+                m.d.sync += state.eq(Main.APPLY_START)
+
+            with m.Case(Main.APPLY_START):
+                first_rel = tb_first >> 4
+                n_idx_lines = (((tb_last - 1)[:32] >> 4) - first_rel + 1)
+                m.d.comb += [
+                    rd_off.start.eq(1), rd_off.first_line.eq(cmd.offsets_addr), rd_off.n_lines.eq((n_bags >> 4) + 1),
+                    es_off.start.eq(1), es_off.first_lane.eq(0), es_off.count.eq(n_bags + 1),
+                    rd_idx.start.eq(1), rd_idx.first_line.eq(cmd.indices_addr + first_rel),
+                    rd_idx.n_lines.eq(n_idx_lines),
+                    es_idx.start.eq(1), es_idx.first_lane.eq(tb_first[:4]), es_idx.count.eq(total),
+                    rd_w.start.eq(cmd.flags.has_weights), rd_w.first_line.eq(cmd.weights_addr + first_rel),
+                    rd_w.n_lines.eq(n_idx_lines),
+                    es_w.start.eq(cmd.flags.has_weights), es_w.first_lane.eq(tb_first[:4]), es_w.count.eq(total),
+                    bag_go.eq(1), look_go.eq(1),
+                ]
+                m.d.sync += state.eq(Main.APPLY)
+
+            with m.Case(Main.APPLY):
+                with m.If(media_err):
+                    m.d.sync += state.eq(Main.ABORT)
+                with m.Elif(bag_done & look_empty & (seq == total) & (completed == total)):
+                    m.d.comb += flush_go.eq(1)
+                    m.d.sync += state.eq(Main.FLUSH)
+
+            with m.Case(Main.FLUSH):
+                with m.If(media_err):
+                    m.d.sync += state.eq(Main.ABORT)
+                with m.Elif(mgr_idle):
+                    m.d.sync += state.eq(Main.WAIT_WR)
+
+            with m.Case(Main.WAIT_WR):
+                with m.If((reads_out == 0) & (writes_out == 0)):
+                    with m.If(media_err):
+                        m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(media_info)]
+                    m.d.sync += state.eq(Main.DONE)
+
+            with m.Case(Main.ERR_DRAIN):
+                with m.If((reads_out == 0) & (writes_out == 0)):
+                    m.d.sync += state.eq(Main.DONE)
+
+            with m.Case(Main.ABORT):
+                m.d.comb += freeze.eq(1)
+                with m.If((reads_out == 0) & (writes_out == 0) & ~out_valid):
+                    m.d.comb += abort_go.eq(1)
+                    m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(media_info), state.eq(Main.ABORT_SCAN)]
+
+            with m.Case(Main.ABORT_SCAN):
+                m.d.comb += freeze.eq(1)
+                with m.If(mgr_idle):
+                    m.d.sync += state.eq(Main.DONE)
+
+            with m.Case(Main.DONE):
+                m.d.sync += state.eq(Main.IDLE)
+        m.d.comb += tb_rp.en.eq(1)
+
+        # ---------------------------------------------------------------- bag stage --
+        # Walks offsets[0..T*B]; for each non-empty bag fetches its gradient lines into the
+        # ring and sends {table info, L, ring position} through the 1/L divider.
+        bstate = Signal(Bag)
+        bt = Signal(8)
+        bb = Signal(32)
+        prev_off = Signal(32)
+        tb_base = Signal(32)
+        tb_lines = Signal(5)
+        tb_mode = Signal(PoolMode)
+        grad_row = Signal(WIDE)
+        g_head = Signal(GB + 1)
+        g_tail = Signal(GB + 1)
+        gk = Signal(5)
+        bag_gpos = Signal(GB)
+        bag_len = Signal(16)
+        reserved = Signal(range(self.BAG_DEPTH + 2))
+
+        bag_rec = data.StructLayout({"base": 32, "lines": 5, "mode": 2, "len": 16, "gpos": GB})
+        m.submodules.div = div = ResetInserter(clr)(Fp32DivInt(tag_width=bag_rec.size))
+        m.submodules.bag_fifo = bag_fifo = ResetInserter(clr)(
+            SyncFIFOBuffered(width=bag_rec.size + 32, depth=self.BAG_DEPTH))
+        m.d.comb += [bag_fifo.w_en.eq(div.o_valid), bag_fifo.w_data.eq(Cat(div.o_tag, div.o_result))]
+
+        div_push = Signal()
+        div_len = Signal(16)
+        div_gpos = Signal(GB)
+        drec = Signal(bag_rec)
+        m.d.comb += [drec.base.eq(tb_base), drec.lines.eq(tb_lines), drec.mode.eq(tb_mode), drec.len.eq(div_len),
+                     drec.gpos.eq(div_gpos),
+                     div.i_valid.eq(div_push), div.x.eq(ONE), div.l.eq(div_len), div.i_tag.eq(drec)]
+        bag_pop = Signal()
+        m.d.sync += reserved.eq(reserved + div_push - bag_pop)
+
+        g_used = Signal(GB + 1)
+        m.d.comb += g_used.eq(g_head - g_tail)
+        g_space = (self.GRAD_LINES - g_used) >= tb_lines
+        credit = reserved < self.BAG_DEPTH
+        m.d.comb += [src_grad.write.eq(0), bag_done.eq(bstate == Bag.DONE), garr_clr.addr.eq(0)]
+
+        def advance_bag():
+            m.d.sync += [bb.eq(bb + 1), grad_row.eq(grad_row + cmd.row_pitch_lines)]
+            with m.If(bb + 1 == cmd.batch_size):
+                with m.If(bt + 1 == cmd.num_tables):
+                    m.d.sync += bstate.eq(Bag.DONE)
+                with m.Else():
+                    m.d.sync += [bt.eq(bt + 1), bstate.eq(Bag.TSEL)]
+            with m.Else():
+                m.d.sync += bstate.eq(Bag.BAG)
+
+        with m.Switch(bstate):
+            with m.Case(Bag.IDLE):
+                with m.If(bag_go):
+                    m.d.sync += [bt.eq(0), bstate.eq(Bag.FIRST)]
+            with m.Case(Bag.FIRST):
+                m.d.comb += es_off.ready.eq(1)
+                with m.If(es_off.valid):
+                    m.d.sync += [prev_off.eq(es_off.data), bstate.eq(Bag.TSEL)]
+            with m.Case(Bag.TSEL):
+                m.d.comb += tbl_sel.eq(bt)
+                m.d.sync += bstate.eq(Bag.TLOAD)
+            with m.Case(Bag.TLOAD):
+                m.d.comb += tbl_sel.eq(bt)
+                m.d.sync += [tb_base.eq(tab.base_addr), tb_lines.eq(lines_of_tab), tb_mode.eq(tab.mode),
+                             grad_row.eq(cmd.grad_addr + tab.col_lines), bb.eq(0), bstate.eq(Bag.BAG)]
+            with m.Case(Bag.BAG):
+                end = es_off.data
+                blen = Signal(32)
+                m.d.comb += blen.eq(end - prev_off)
+                with m.If(es_off.valid & ~freeze):
+                    with m.If(blen == 0):
+                        m.d.comb += es_off.ready.eq(1)
+                        m.d.sync += prev_off.eq(end)
+                        advance_bag()
+                    with m.Elif(g_space & credit):
+                        m.d.comb += [src_grad.valid.eq(1), src_grad.addr.eq(grad_row),
+                                     src_grad.ctx.eq(ctx_of(Kind.GRAD, g_head[:GB]))]
+                        with m.If(src_grad.ready):
+                            m.d.comb += [es_off.ready.eq(1), garr_clr.addr.eq(g_head[:GB]), garr_clr.en.eq(1)]
+                            m.d.sync += [prev_off.eq(end), g_head.eq(g_head + 1), bag_gpos.eq(g_head[:GB]),
+                                         bag_len.eq(blen[:16]), gk.eq(1)]
+                            with m.If(tb_lines == 1):
+                                m.d.comb += [div_push.eq(1), div_len.eq(blen[:16]), div_gpos.eq(g_head[:GB])]
+                                advance_bag()
+                            with m.Else():
+                                m.d.sync += bstate.eq(Bag.GRAD)
+            with m.Case(Bag.GRAD):
+                gpos = (bag_gpos + gk)[:GB]
+                m.d.comb += [src_grad.valid.eq(~freeze), src_grad.addr.eq(grad_row + gk),
+                             src_grad.ctx.eq(ctx_of(Kind.GRAD, gpos))]
+                with m.If(src_grad.ready):
+                    m.d.comb += [garr_clr.addr.eq(gpos), garr_clr.en.eq(1)]
+                    m.d.sync += [g_head.eq(g_head + 1), gk.eq(gk + 1)]
+                    with m.If(gk + 1 == tb_lines):
+                        m.d.comb += [div_push.eq(1), div_len.eq(bag_len), div_gpos.eq(bag_gpos)]
+                        advance_bag()
+            with m.Case(Bag.DONE):
+                pass
+        with m.If(clr):
+            m.d.sync += [bstate.eq(Bag.IDLE), g_head.eq(0), g_tail.eq(0), reserved.eq(0)]
+
+        # ---------------------------------------------------------------- lookahead --
+        # S0: next occurrence -> row address; S1: tag-set read; S2: compare, hit or miss.
+        occ_rec = data.StructLayout({"row_base": SB, "lines": 5, "gpos": GB, "scale": 32, "mul": 1,
+                                     "bag_last": 1})
+        m.submodules.occ_q = occ_q = ResetInserter(clr)(SyncFIFOBuffered(width=occ_rec.size, depth=self.OCC_DEPTH))
+
+        brec = data.View(bag_rec, bag_fifo.r_data[:bag_rec.size])
+        bag_inv = bag_fifo.r_data[bag_rec.size:]
+        la_valid = Signal()
+        la_left = Signal(16)
+        la = Signal(bag_rec)
+        la_inv = Signal(32)
+
+        s1_valid = Signal()
+        s1_addr = Signal(32)
+        s1_lines = Signal(5)
+        s1_gpos = Signal(GB)
+        s1_scale = Signal(32)
+        s1_mul = Signal()
+        s1_last = Signal()
+        s2_valid = Signal()
+        s2_addr = Signal(32)
+        s2_set = Signal(TSB)
+        s2_lines = Signal(5)
+        s2_gpos = Signal(GB)
+        s2_scale = Signal(32)
+        s2_mul = Signal()
+        s2_last = Signal()
+        s2_done = Signal()
+        mstate = Signal(Mgr)
+        look_run = Signal()
+        m.d.comb += look_run.eq(mstate == Mgr.LOOK)
+
+        has_w = cmd.flags.has_weights
+        s2_free = ~s2_valid | s2_done
+        s1_move = s1_valid & s2_free
+        s1_free = ~s1_valid | s1_move
+        occ_avail = la_valid & es_idx.valid & (~has_w | es_w.valid)
+        s0_take = Signal()
+        m.d.comb += [s0_take.eq(occ_avail & s1_free & look_run & ~freeze),
+                     es_idx.ready.eq(s0_take), es_w.ready.eq(s0_take & has_w)]
+        m.d.comb += [bag_pop.eq(bag_fifo.r_en & bag_fifo.r_rdy),
+                     bag_fifo.r_en.eq(~la_valid | (s0_take & (la_left == 1)))]
+        with m.If(s0_take):
+            m.d.sync += la_left.eq(la_left - 1)
+            with m.If(la_left == 1):
+                m.d.sync += la_valid.eq(0)
+        with m.If(bag_pop):
+            m.d.sync += [la.eq(brec), la_inv.eq(bag_inv), la_left.eq(brec.len), la_valid.eq(1)]
+
+        with m.If(s0_take):
+            m.d.sync += [
+                s1_valid.eq(1),
+                s1_addr.eq(la.base + es_idx.data * la.lines),
+                s1_lines.eq(la.lines), s1_gpos.eq(la.gpos),
+                s1_scale.eq(Mux(la.mode == PoolMode.MEAN, la_inv,
+                                Mux(la.mode == PoolMode.WEIGHTED_SUM, es_w.data, ONE))),
+                s1_mul.eq(la.mode != PoolMode.SUM),
+                s1_last.eq(la_left == 1),
+            ]
+        with m.Elif(s1_move):
+            m.d.sync += s1_valid.eq(0)
+
+        s1_set = Signal(TSB)
+        m.d.comb += s1_set.eq(_hash(s1_addr, TSB, 0x9E3779B1))
+        entry = data.StructLayout({"valid": 1, "key": 32, "slot": SB})
+        m.submodules.tags = tags = Memory(shape=W * entry.size, depth=1 << TSB, init=[])
+        tag_wp = tags.write_port(granularity=entry.size)
+        tag_rp = tags.read_port(transparent_for=(tag_wp,))
+        # S2 re-reads its own set while it waits (a miss rewrites tags meanwhile).
+        m.d.comb += tag_rp.addr.eq(Mux(s1_move, s1_set, s2_set))
+        with m.If(s1_move):
+            m.d.sync += [s2_valid.eq(1), s2_addr.eq(s1_addr), s2_set.eq(s1_set), s2_lines.eq(s1_lines),
+                         s2_gpos.eq(s1_gpos), s2_scale.eq(s1_scale), s2_mul.eq(s1_mul), s2_last.eq(s1_last)]
+        with m.Elif(s2_done):
+            m.d.sync += s2_valid.eq(0)
+        m.d.comb += look_empty.eq(~s1_valid & ~s2_valid & ~la_valid & (mstate == Mgr.LOOK))
+
+        ways = [data.View(entry, tag_rp.data[w * entry.size:(w + 1) * entry.size]) for w in range(W)]
+        hit = Signal()
+        hit_way = Signal(WB_)
+        hit_slot = Signal(SB)
+        full = Signal()
+        free_way = Signal(WB_)
+        for w in reversed(range(W)):
+            with m.If(ways[w].valid & (ways[w].key == s2_addr)):
+                m.d.comb += [hit.eq(1), hit_way.eq(w), hit_slot.eq(ways[w].slot)]
+            with m.If(~ways[w].valid):
+                m.d.comb += free_way.eq(w)
+        m.d.comb += full.eq(Cat(*[w_.valid for w_ in ways]).all())
+
+        # Slot state.
+        slot_rec = data.StructLayout({"valid": 1, "ref": 1, "addr": 32, "lines": 5, "last_use": 32, "way": WB_})
+        m.submodules.slots = slots = Memory(shape=slot_rec, depth=SL, init=[])
+        slot_wp = slots.write_port()
+        slot_rp = slots.read_port()
+        rec = slot_rp.data
+
+        m.submodules.filt = filt = Memory(shape=16, depth=1 << FB, init=[])
+        filt_wp = filt.write_port()
+        filt_rp = filt.read_port(domain="comb")
+        m.d.comb += [filt_wp.data.eq(epoch), filt_rp.addr.eq(_hash(s2_addr, FB, 0x85EBCA6B))]
+
+        # Occurrence push (hit in LOOK, or after a miss).
+        push = Signal()
+        push_slot = Signal(SB)
+        orec = Signal(occ_rec)
+        m.d.comb += [orec.row_base.eq(push_slot << slot_shift), orec.lines.eq(s2_lines), orec.gpos.eq(s2_gpos),
+                     orec.scale.eq(s2_scale), orec.mul.eq(s2_mul), orec.bag_last.eq(s2_last),
+                     occ_q.w_data.eq(orec), occ_q.w_en.eq(push)]
+        with m.If(push):
+            m.d.sync += seq.eq(seq + 1)
+
+        hand = Signal(SB)
+        fresh = Signal(SB + 1)
+        v = Signal(SB)                          # the slot being (re)filled
+        vway = Signal(WB_)
+        vrec = Signal(slot_rec)
+        tw = Signal(W * entry.size)             # the missing key's tag set, as read
+        rr = Signal(WB_)
+        tw_way = data.View(entry, tw.word_select(rr, entry.size))     # the conflict candidate
+        fk = Signal(5)
+        fs = Signal(SB + 1)
+        abort_mode = Signal()
+        hand_next = Mux(hand + 1 == nslots, 0, hand + 1)[:SB]
+        pinned = rec.valid & (rec.last_use >= completed)
+
+        # Write-back machine: lines of one slot -> memory writes (scratch read port output is
+        # the request payload, held by the port's enable while the port is busy).
+        wb_go = Signal()
+        wb_base_in = Signal(SB)
+        wb_addr_in = Signal(32)
+        wb_lines_in = Signal(5)
+        wb_active = Signal()
+        wb_base = Signal(SB)
+        wb_addr = Signal(32)
+        wb_lines = Signal(5)
+        wb_k = Signal(5)
+        wb_have = Signal()
+        wb_pk = Signal(5)
+        wb_acc = Signal()
+        wb_read = Signal()
+        m.d.comb += [
+            wb_acc.eq(wb_have & src_look.ready),
+            wb_read.eq(wb_active & (wb_k != wb_lines) & (~wb_have | wb_acc)),
+            scr_wb.addr.eq(wb_base | wb_k), scr_wb.en.eq(wb_read),
+        ]
+        with m.If(wb_read):
+            m.d.sync += [wb_k.eq(wb_k + 1), wb_have.eq(1), wb_pk.eq(wb_k)]
+        with m.Elif(wb_acc):
+            m.d.sync += wb_have.eq(0)
+        with m.If(wb_active & (wb_k == wb_lines) & (~wb_have | wb_acc)):
+            m.d.sync += wb_active.eq(0)
+        with m.If(wb_go):
+            m.d.sync += [wb_active.eq(1), wb_base.eq(wb_base_in), wb_addr.eq(wb_addr_in), wb_lines.eq(wb_lines_in),
+                         wb_k.eq(0), wb_have.eq(0)]
+            m.d.sync += st_rows_written.eq(st_rows_written + 1)
+
+        fill_valid = Signal()
+        fill_line = Signal(SB)
+        m.d.comb += fill_line.eq((v << slot_shift) | fk)
+        m.d.comb += [
+            src_look.valid.eq(wb_have | fill_valid),
+            src_look.write.eq(wb_have),
+            src_look.addr.eq(Mux(wb_have, wb_addr + wb_pk, s2_addr + fk)),
+            src_look.data.eq(scr_wb.data),
+            src_look.ctx.eq(Mux(wb_have, ctx_of(Kind.WB, 0), ctx_of(Kind.ROW, fill_line))),
+            arr_clr.addr.eq(fill_line),
+        ]
+
+        def evict(slot, r, drop_tag):
+            """Write back slot ``slot`` holding record ``r``; forget its tag unless reused."""
+            m.d.comb += [wb_go.eq(1), wb_base_in.eq(slot << slot_shift), wb_addr_in.eq(r.addr),
+                         wb_lines_in.eq(r.lines),
+                         filt_wp.addr.eq(_hash(r.addr, FB, 0x85EBCA6B)), filt_wp.en.eq(1)]
+            if drop_tag:
+                inv = Signal(entry, name="inv_entry")
+                m.d.comb += [tag_wp.addr.eq(_hash(r.addr, TSB, 0x9E3779B1)),
+                             tag_wp.data.eq(Cat(*[inv] * W)), tag_wp.en.eq(Const(1, W) << r.way)]
+
+        def insert(slot, way):
+            """Tag and slot state of the missing row; fills follow in FILL."""
+            new = Signal(entry, name="new_entry")
+            srec = Signal(slot_rec, name="new_slot")
+            m.d.comb += [new.valid.eq(1), new.key.eq(s2_addr), new.slot.eq(slot),
+                         tag_wp.addr.eq(s2_set), tag_wp.data.eq(Cat(*[new] * W)), tag_wp.en.eq(Const(1, W) << way),
+                         srec.valid.eq(1), srec.ref.eq(0), srec.addr.eq(s2_addr), srec.lines.eq(s2_lines),
+                         srec.last_use.eq(seq), srec.way.eq(way),
+                         slot_wp.addr.eq(slot), slot_wp.data.eq(srec), slot_wp.en.eq(1)]
+            m.d.sync += [v.eq(slot), fk.eq(0), st_rows_read.eq(st_rows_read + 1), mstate.eq(Mgr.FILL)]
+            with m.If(filt_rp.data != epoch):
+                m.d.sync += st_unique.eq(st_unique + 1)
+
+        m.d.comb += slot_rp.addr.eq(hand)
+        with m.Switch(mstate):
+            with m.Case(Mgr.IDLE):
+                with m.If(look_go):
+                    m.d.sync += mstate.eq(Mgr.LOOK)
+            with m.Case(Mgr.LOOK):
+                with m.If(flush_go):
+                    m.d.sync += [fs.eq(0), abort_mode.eq(0), mstate.eq(Mgr.FL_RD)]
+                with m.Elif(s2_valid & ~freeze):
+                    with m.If(hit):
+                        with m.If(occ_q.w_rdy):
+                            hrec = Signal(slot_rec)
+                            m.d.comb += [push.eq(1), push_slot.eq(hit_slot), s2_done.eq(1),
+                                         hrec.valid.eq(1), hrec.ref.eq(1), hrec.addr.eq(s2_addr),
+                                         hrec.lines.eq(s2_lines), hrec.last_use.eq(seq), hrec.way.eq(hit_way),
+                                         slot_wp.addr.eq(hit_slot), slot_wp.data.eq(hrec), slot_wp.en.eq(1)]
+                    with m.Elif(full):
+                        m.d.sync += [tw.eq(tag_rp.data), mstate.eq(Mgr.CONF_RD)]
+                    with m.Elif(fresh != nslots):
+                        m.d.sync += fresh.eq(fresh + 1)
+                        insert(fresh[:SB], free_way)
+                    with m.Else():
+                        m.d.sync += [vway.eq(free_way), mstate.eq(Mgr.CLOCK)]
+            with m.Case(Mgr.CLOCK):
+                # slot_rp.data is slot[hand] (the address presented last cycle).
+                with m.If(pinned):
+                    m.d.comb += slot_rp.addr.eq(hand_next)
+                    m.d.sync += hand.eq(hand_next)
+                with m.Elif(rec.ref):
+                    cleared = Signal(slot_rec)
+                    m.d.comb += [cleared.eq(rec), cleared.ref.eq(0),
+                                 slot_wp.addr.eq(hand), slot_wp.data.eq(cleared), slot_wp.en.eq(1),
+                                 slot_rp.addr.eq(hand_next)]
+                    m.d.sync += hand.eq(hand_next)
+                with m.Else():
+                    with m.If(rec.valid):
+                        evict(hand, rec, drop_tag=True)
+                    m.d.sync += [hand.eq(hand_next), v.eq(hand), mstate.eq(Mgr.INSERT)]
+            with m.Case(Mgr.CONF_RD):
+                m.d.comb += slot_rp.addr.eq(tw_way.slot)
+                m.d.sync += mstate.eq(Mgr.CONF_CHK)
+            with m.Case(Mgr.CONF_CHK):
+                with m.If(pinned):
+                    m.d.sync += [rr.eq(rr + 1), mstate.eq(Mgr.CONF_RD)]
+                with m.Else():
+                    evict(tw_way.slot, rec, drop_tag=False)
+                    m.d.sync += [v.eq(tw_way.slot), vway.eq(rr), rr.eq(rr + 1), mstate.eq(Mgr.INSERT)]
+            with m.Case(Mgr.INSERT):
+                insert(v, vway)
+            with m.Case(Mgr.FILL):
+                # Fills wait for the victim's write-back requests (same stream: program order).
+                m.d.comb += fill_valid.eq(~wb_active & ~freeze)
+                with m.If(fill_valid & src_look.ready):
+                    m.d.comb += arr_clr.en.eq(1)
+                    m.d.sync += fk.eq(fk + 1)
+                    with m.If(fk + 1 == s2_lines):
+                        m.d.sync += mstate.eq(Mgr.PUSH)
+            with m.Case(Mgr.PUSH):
+                with m.If(occ_q.w_rdy & ~freeze):
+                    m.d.comb += [push.eq(1), push_slot.eq(v), s2_done.eq(1)]
+                    m.d.sync += mstate.eq(Mgr.LOOK)
+            with m.Case(Mgr.FL_RD):
+                m.d.comb += slot_rp.addr.eq(fs[:SB])
+                with m.If(fs == fresh):
+                    m.d.sync += [fresh.eq(0), hand.eq(0), mstate.eq(Mgr.IDLE)]
+                with m.Else():
+                    m.d.sync += mstate.eq(Mgr.FL_CHK)
+            with m.Case(Mgr.FL_CHK):
+                m.d.sync += vrec.eq(rec)
+                with m.If(~rec.valid):
+                    m.d.sync += [fs.eq(fs + 1), mstate.eq(Mgr.FL_RD)]
+                with m.Elif(abort_mode):
+                    m.d.sync += mstate.eq(Mgr.FL_INV)
+                with m.Else():
+                    m.d.comb += [wb_go.eq(1), wb_base_in.eq(fs[:SB] << slot_shift), wb_addr_in.eq(rec.addr),
+                                 wb_lines_in.eq(rec.lines)]
+                    m.d.sync += mstate.eq(Mgr.FL_WB)
+            with m.Case(Mgr.FL_WB):
+                with m.If(~wb_active):
+                    m.d.sync += mstate.eq(Mgr.FL_INV)
+            with m.Case(Mgr.FL_INV):
+                inv = Signal(entry)
+                m.d.comb += [tag_wp.addr.eq(_hash(vrec.addr, TSB, 0x9E3779B1)), tag_wp.data.eq(Cat(*[inv] * W)),
+                             tag_wp.en.eq(Const(1, W) << vrec.way),
+                             slot_wp.addr.eq(fs[:SB]), slot_wp.data.as_value().eq(0), slot_wp.en.eq(1)]
+                m.d.sync += [fs.eq(fs + 1), mstate.eq(Mgr.FL_RD)]
+        with m.If(abort_go):
+            m.d.sync += [fs.eq(0), abort_mode.eq(1), wb_active.eq(0), wb_have.eq(0), mstate.eq(Mgr.FL_RD)]
+        m.d.comb += mgr_idle.eq(mstate == Mgr.IDLE)
+        with m.If(clr):
+            m.d.sync += [s1_valid.eq(0), s2_valid.eq(0), la_valid.eq(0), seq.eq(0), rr.eq(0)]
+
+        # ---------------------------------------------------------------- datapath --
+        # MUL front: c = g * scale into the contribution ring (WEIGHTED_SUM, MEAN); SUM
+        # occurrences pass straight to the FMA queue with c = the gradient line itself.
+        q2_rec = data.StructLayout({"row_base": SB, "lines": 5, "csrc": 1, "cpos": GB, "bag_last": 1})
+        m.submodules.fma_q = fma_q = ResetInserter(clr)(SyncFIFOBuffered(width=q2_rec.size,
+                                                                          depth=self.FMA_QUEUE_DEPTH))
+        m.submodules.contrib = contrib = Memory(shape=LINE_BITS, depth=self.CONTRIB_LINES, init=[])
+        con_wp = contrib.write_port()
+        con_rp = contrib.read_port()
+        con_valid = Signal(self.CONTRIB_LINES)
+        c_head = Signal(CB + 1)
+        c_tail = Signal(CB + 1)
+        c_used = Signal(CB + 1)
+        m.d.comb += c_used.eq(c_head - c_tail)
+
+        mf_valid = Signal()
+        mf = Signal(occ_rec)
+        mf_k = Signal(5)
+        mf_cpos = Signal(CB)
+        ff_valid = Signal()
+        ff = Signal(q2_rec)
+        ff_k = Signal(5)
+
+        fma_go = Signal()
+        mul_go = Signal()
+        sum_pass = Signal()
+        mf_finish = Signal()
+        ff_finish = Signal()
+        cpos_cur = Signal(CB)
+        m.d.comb += cpos_cur.eq(Mux(mf_k == 0, c_head[:CB], mf_cpos))
+        m.d.comb += garr_mul.addr.eq((mf.gpos + mf_k)[:GB])
+        cspace = (self.CONTRIB_LINES - c_used) >= mf.lines
+        mul_ready = mf_valid & mf.mul & garr_mul.data & ((mf_k != 0) | (fma_q.w_rdy & cspace))
+        m.d.comb += [
+            mul_go.eq(mul_ready & ~fma_go & ~freeze),
+            sum_pass.eq(mf_valid & ~mf.mul & fma_q.w_rdy & ~freeze),
+            mf_finish.eq(sum_pass | (mul_go & (mf_k + 1 == mf.lines))),
+            occ_q.r_en.eq(~mf_valid | mf_finish),
+        ]
+        q2w = Signal(q2_rec)
+        m.d.comb += [q2w.row_base.eq(mf.row_base), q2w.lines.eq(mf.lines), q2w.csrc.eq(mf.mul),
+                     q2w.cpos.eq(Mux(mf.mul, c_head[:CB], mf.gpos)), q2w.bag_last.eq(mf.bag_last),
+                     fma_q.w_data.eq(q2w), fma_q.w_en.eq(sum_pass | (mul_go & (mf_k == 0)))]
+        with m.If(mul_go):
+            m.d.sync += mf_k.eq(mf_k + 1)
+            with m.If(mf_k == 0):
+                m.d.sync += [mf_cpos.eq(c_head[:CB]), c_head.eq(c_head + mf.lines)]
+        with m.If(occ_q.r_en & occ_q.r_rdy):
+            m.d.sync += [mf.eq(occ_q.r_data), mf_valid.eq(1), mf_k.eq(0)]
+        with m.Elif(mf_finish):
+            m.d.sync += mf_valid.eq(0)
+
+        # FMA front.
+        row_line = Signal(SB)
+        c_line = Signal(GB)
+        m.d.comb += [row_line.eq(ff.row_base | ff_k), c_line.eq(ff.cpos + ff_k), arr_rd.addr.eq(row_line),
+                     garr_fma.addr.eq(c_line)]
+        c_ready = Mux(ff.csrc, con_valid.bit_select(c_line[:CB], 1), garr_fma.data)
+        hz_valid = [Signal(name=f"hz_valid{i}") for i in range(4)]
+        hz_addr = [Signal(SB, name=f"hz_addr{i}") for i in range(4)]
+        hazard = 0
+        for i in range(4):
+            hazard = hazard | (hz_valid[i] & (hz_addr[i] == row_line))
+        m.d.sync += [hz_valid[0].eq(fma_go), hz_addr[0].eq(row_line)]
+        for i in range(1, 4):
+            m.d.sync += [hz_valid[i].eq(hz_valid[i - 1]), hz_addr[i].eq(hz_addr[i - 1])]
+        m.d.comb += [
+            fma_go.eq(ff_valid & arr_rd.data & c_ready & ~hazard & ~freeze),
+            ff_finish.eq(fma_go & (ff_k + 1 == ff.lines)),
+            fma_q.r_en.eq(~ff_valid | ff_finish),
+        ]
+        with m.If(fma_go):
+            m.d.sync += ff_k.eq(ff_k + 1)
+        with m.If(ff_finish):
+            with m.If(ff.csrc):
+                m.d.sync += c_tail.eq(c_tail + ff.lines)
+            with m.If(ff.bag_last):
+                m.d.sync += g_tail.eq(g_tail + ff.lines)
+        with m.If(fma_q.r_en & fma_q.r_rdy):
+            m.d.sync += [ff.eq(fma_q.r_data), ff_valid.eq(1), ff_k.eq(0)]
+        with m.Elif(ff_finish):
+            m.d.sync += ff_valid.eq(0)
+
+        # Operand reads (cycle 0), lane inputs (cycle 1), results (cycle 6).
+        m.d.comb += [grad_rp.addr.eq(Mux(fma_go, c_line, (mf.gpos + mf_k)[:GB])), con_rp.addr.eq(c_line[:CB]),
+                     scr_rd.addr.eq(row_line)]
+        c1_fma = Signal()
+        c1_mul = Signal()
+        c1_row = Signal(SB)
+        c1_cdst = Signal(CB)
+        c1_last = Signal()
+        c1_scale = Signal(32)
+        c1_csrc = Signal()
+        m.d.sync += [c1_fma.eq(fma_go), c1_mul.eq(mul_go), c1_row.eq(row_line), c1_cdst.eq(cpos_cur + mf_k),
+                     c1_last.eq(ff_finish), c1_scale.eq(mf.scale), c1_csrc.eq(ff.csrc)]
+        tag_w = 1 + max(SB, CB) + 1
+        lanes = []
+        for i in range(LANES):
+            lane = Fp32Fma(tag_width=tag_w if i == 0 else 1)
+            m.submodules[f"lane{i}"] = lane
+            lanes.append(lane)
+        o_tag = lanes[0].o_tag
+        o_fma = lanes[0].o_valid & o_tag[0]
+        o_mul = lanes[0].o_valid & ~o_tag[0]
+        o_addr = o_tag[1:1 + max(SB, CB)]
+        o_last = o_tag[tag_w - 1]
+        fwd = Signal()
+        m.d.comb += fwd.eq(o_fma & (o_addr[:SB] == c1_row))
+        neg_lr = Cat(cmd.lr[:31], ~cmd.lr[31])
+        for i, lane in enumerate(lanes):
+            sl = slice(32 * i, 32 * (i + 1))
+            g = grad_rp.data[sl]
+            row = Mux(fwd, lane.o_result, scr_rd.data[sl])
+            m.d.comb += [
+                lane.i_valid.eq(c1_fma | c1_mul),
+                lane.op.eq(Mux(c1_fma, FmaOp.FMA, FmaOp.MUL)),
+                lane.a.eq(Mux(c1_fma, neg_lr, g)),
+                lane.b.eq(Mux(c1_fma, Mux(c1_csrc, con_rp.data[sl], g), c1_scale)),
+                lane.c.eq(row),
+            ]
+        m.d.comb += lanes[0].i_tag.eq(Cat(c1_fma, Mux(c1_fma, c1_row, c1_cdst), c1_last))
+        results = Cat(*[lane.o_result for lane in lanes])
+        m.d.comb += [scr_upd.addr.eq(o_addr[:SB]), scr_upd.data.eq(results), scr_upd.en.eq(o_fma),
+                     con_wp.addr.eq(o_addr[:CB]), con_wp.data.eq(results), con_wp.en.eq(o_mul)]
+        with m.If(o_fma & o_last):
+            m.d.sync += completed.eq(completed + 1)
+        con_set = Mux(o_mul, Const(1, self.CONTRIB_LINES) << o_addr[:CB], 0)
+        con_clr = Mux(fma_go & ff.csrc, Const(1, self.CONTRIB_LINES) << c_line[:CB], 0)
+        m.d.sync += con_valid.eq((con_valid | con_set) & ~con_clr)
+        with m.If(clr):
+            m.d.sync += [mf_valid.eq(0), ff_valid.eq(0), c_head.eq(0), c_tail.eq(0), con_valid.eq(0),
+                         completed.eq(0)] + [h.eq(0) for h in hz_valid]
+        return m
