@@ -33,11 +33,8 @@ from .cxl_controller.cxl_mem import CxlMemTarget, CTX
 from .mem.arbiter import MemPortArbiter, connect_port
 from .mem.interleave import MemoryInterleaver
 from .ndp.lookup import LookupEngine
-from .ndp.command import NdpError
 from .ndp.processor import CommandProcessor
-from .mem.port import mem_request_layout, mem_read_response_layout, mem_write_response_layout
-
-UPDATE_CTX_BITS = 8     # TEMPORARY until the update engine lands
+from .ndp.update import UpdateEngine
 
 VERSION = (0, 1, 0)
 CSR_ADDR_BITS = 12
@@ -82,7 +79,9 @@ class TrainingCxlDevice(wiring.Component):
         self._lookup = LookupEngine(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines,
                                     units=config.lookup_units, rob_depth=config.lookup_rob_depth,
                                     id_base=ENGINE_ID_BASE)
-        shared_ctx = max(CTX.size, self._processor.ctx_bits, self._lookup.feed_ctx_bits, UPDATE_CTX_BITS)
+        self._update = UpdateEngine(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines,
+                                    scratch_lines=config.update_scratch_lines)
+        shared_ctx = max(CTX.size, self._processor.ctx_bits, self._lookup.feed_ctx_bits, self._update.ctx_bits)
         self._shared = MemPortArbiter(clients=len(SHARED_PORT_CLIENTS), addr_bits=config.addr_bits,
                                       ctx_bits=shared_ctx)
         self._mem = MemoryInterleaver(
@@ -106,19 +105,6 @@ class TrainingCxlDevice(wiring.Component):
             **({"cache_port": In(cache_port_signature())} if config.cache_test_port else {}),
             "irq": Out(1),
         })
-
-    def _update_placeholder(self, m):
-        """TEMPORARY: UPDATE completes with BAD_OPCODE until hw/ndp/update.py lands."""
-        from amaranth.lib import stream as st
-        a = self.config.addr_bits
-        req = st.Signature(mem_request_layout(a, UPDATE_CTX_BITS)).create()
-        rd = st.Signature(mem_read_response_layout(UPDATE_CTX_BITS)).flip().create()
-        wr = st.Signature(mem_write_response_layout(UPDATE_CTX_BITS)).flip().create()
-        m.d.comb += [req.valid.eq(0), rd.ready.eq(1), wr.ready.eq(1)]
-        ctl = self._processor.update
-        m.d.comb += [ctl.done.eq(ctl.start), ctl.error.eq(NdpError.BAD_OPCODE), ctl.busy.eq(0)]
-        port = SimpleNamespace(req=req, rd_rsp=rd, wr_rsp=wr)
-        return port
 
     def elaborate(self, platform):
         m = Module()
@@ -157,13 +143,14 @@ class TrainingCxlDevice(wiring.Component):
         m.submodules.lookup = lookup = self._lookup
         m.submodules.shared_port = shared = self._shared
         tgt_port = SimpleNamespace(req=tgt.mem_req, rd_rsp=tgt.mem_rd_rsp, wr_rsp=tgt.mem_wr_rsp)
-        update_port = self._update_placeholder(m)
-        for i, client in enumerate((tgt_port, proc.mem, lookup.feed_mem, update_port)):
+        m.submodules.update = update = self._update
+        for i, client in enumerate((tgt_port, proc.mem, lookup.feed_mem, update.mem)):
             connect_port(m, client, shared.clients[i])
         connect_port(m, shared.mem, mem.clients[0])
         for u in range(cfg.lookup_units):
             connect_port(m, lookup.unit_mem[u], mem.clients[1 + u])
         wiring.connect(m, proc.lookup, lookup.ctl)
+        wiring.connect(m, proc.update, update.ctl)
         wiring.connect(m, lookup.push, mux.engines)
         m.d.comb += [
             proc.sq_base.eq(csr.ndp_sq_base), proc.cq_base.eq(csr.ndp_cq_base),

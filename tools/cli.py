@@ -7,6 +7,7 @@
   trainingcxl bench --json FILE       named performance figures, JSON + table
   trainingcxl regmap --format md      register map as Markdown / Python / C
   trainingcxl trace --preset P        a seeded DLRM trace (TBE layout, documented .npz format)
+  trainingcxl run --model M ...       a model's embedding phase on the RTL, verified, JSON + table
   trainingcxl fp32 --n 1000000        FP32 units against the exact reference, JSON + table
   trainingcxl waves TEST              open the last waveform of TEST in GTKWave
 
@@ -262,6 +263,8 @@ def main(argv=None) -> int:
 
     from tools.trace_cmd import add_trace_parser
     add_trace_parser(sub)
+    from tools.run_cmd import add_run_parser
+    add_run_parser(sub)
 
     args = p.parse_args(argv)
     return args.func(args)

@@ -73,7 +73,9 @@ class CommandProcessor(wiring.Component):
         rsp = self.mem.rd_rsp
         wrsp = self.mem.wr_rsp
         m.d.comb += [rsp.ready.eq(1), wrsp.ready.eq(1),
-                     req.payload.strb.eq(Const((1 << LINE_BYTES) - 1, LINE_BYTES))]
+                     # Not a bare constant: Verilator never runs an ``always @*`` that reads
+                     # no variable, so a constant strobe would stay 0 (ALWNEVER).
+                     req.payload.strb.eq(Mux(req.payload.write, Const((1 << LINE_BYTES) - 1, LINE_BYTES), 0))]
         m.d.comb += [t_w.addr.eq(rsp.payload.ctx), t_w.data.eq(rsp.payload.data[:TableDescriptor.as_shape().size])]
 
         # The table memory's read port: the checks, then the running engine.

@@ -4,108 +4,118 @@ Contract
 --------
 Ports
 - ``ctl``: In(engine_control_signature()) (hw/ndp/command.py). ``ctl.start`` (one cycle, with
-  ``ctl.cmd`` valid and stable until ``done``) starts an UPDATE command; the engine reads table
-  descriptor t by driving ``ctl.table_index`` = t and using ``ctl.table`` one cycle later.
-  ``busy`` is high from the cycle after ``start`` until ``done``; ``done`` is a one-cycle pulse
-  with ``error``, ``error_info`` and ``stats`` valid in that cycle. The engine ignores
-  ``cmd.opcode`` (the processor only starts it for UPDATE).
+  ``ctl.cmd`` valid and stable until ``done``) starts an UPDATE command; a start while busy is
+  ignored. The engine reads table descriptor t by driving ``ctl.table_index`` = t and using
+  ``ctl.table`` one cycle later (it may hold an index for several cycles). ``busy`` is high
+  from the cycle after ``start`` until ``done``; ``done`` is a one-cycle pulse with ``error``,
+  ``error_info`` and ``stats`` valid in that cycle. ``cmd.opcode`` and ``cmd.tag`` are ignored.
 - ``mem``: Out(client_port_signature(addr_bits, ctx_bits)) (hw/mem/arbiter.py, hw/mem/port.py).
-  Requests are single lines (writes with every byte enabled, never poisoned). ``rd_rsp`` and
-  ``wr_rsp`` are always ready: every read has a reserved destination before it is issued.
-  ``ctx`` comes back unchanged and tells the engine where a response goes.
+  Requests are single lines (writes with every byte enabled, never poisoned) from a request
+  register: once ``req.valid`` rises it stays until accepted. ``rd_rsp`` and ``wr_rsp`` are
+  always ready: every read has its destination reserved before it is issued. ``ctx`` must
+  come back unchanged: ctx[0:P] names the destination (buffer slot), ctx[P:P+3] the buffer
+  (``Kind``), P = log2(scratch_lines) (at least 8); bits above are zero.
 
 Constructor: ``UpdateEngine(addr_bits=, capacity_lines=, ctx_bits=None, scratch_lines=1024)``.
-``capacity_lines`` (<= 2**addr_bits): every line the engine touches is below it.
-``scratch_lines``: the row scratchpad in 64-byte lines, a power of two >= 16 (one 256-float
-row). ``ctx_bits`` defaults to (and must be at least) ``UpdateEngine.required_ctx_bits(
-scratch_lines)`` = 3 + log2(scratch_lines) for scratch_lines >= 256 (13 for the default);
-``engine.ctx_bits`` is the width of the port.
+``addr_bits`` <= 32 and ``capacity_lines`` <= 2**addr_bits: every line the engine touches is
+below capacity_lines. ``scratch_lines``: the row scratchpad in 64-byte lines, a power of two
+>= 16 (one 256-float row). ``ctx_bits`` defaults to, and must be at least,
+``UpdateEngine.required_ctx_bits(scratch_lines)`` = 3 + max(8, log2(scratch_lines)) (13 for the
+default); ``engine.ctx_bits`` is the port's width.
 
 Semantics (architecture.md section 5; bit-exact with sim/model/embedding.py ``tbe_sgd_step``)
 For every index occurrence in input order (table by table, bag by bag, index by index) and
-every float lane: c = g (SUM), fp32(g * w_j) (WEIGHTED_SUM), fp32(g * fp32(1/L)) (MEAN, 1/L
-from Fp32DivInt(1.0, L)); row = fma(-lr, c, row), one rounding. g is the bag's pooled-output
-gradient line (cmd.grad_addr + b*row_pitch_lines + table.col_lines + k). A row that occurs k
-times is updated k times in that order. NaN results are the canonical 0x7FC00000.
+every float lane: c = g (SUM), fp32(g * w_j) (WEIGHTED_SUM), fp32(g * fp32(1/L)) (MEAN; 1/L
+from Fp32DivInt(1.0, L) once per bag); row = fma(-lr, c, row), one rounding. g is line k of
+the bag's pooled-output gradient, cmd.grad_addr + b*row_pitch_lines + table.col_lines + k. A
+row that occurs k times is updated k times in that order. NaN results are 0x7FC00000.
 
 Two passes
-1. Validation (no write is issued before it ends): the offsets array (T*B+1 u32) is streamed
-   and checked, then the used part of the indices array, indices[offsets[0]:offsets[T*B]],
-   is streamed and every index is checked against its table's rows. Errors, first found
-   wins, in this order:
-   - ADDRESS, error_info = (what << 24) | table: what = 1 offsets array, 5 table rows
-     (base_addr + rows*dim/16 > capacity_lines, table t) and 4 gradients (the vector of the
-     last bag, grad_addr + (B-1)*row_pitch_lines + col_lines + dim/16 > capacity_lines, table
-     t) -- checked for every table before any array is read --, then 2 indices / 3 weights
-     (the line of indices[offsets[T*B]-1] / its weight, weights only when flags.has_weights).
+1. Validation; no write is issued before it ends. The offsets array (T*B+1 u32) is streamed
+   and checked, then the used part of the indices array, indices[offsets[0]:offsets[T*B]]
+   (positions before offsets[0] are never read), and each index is checked against the rows
+   of its table. The first error found, in this order, ends the command:
+   - ADDRESS, error_info = the AddressFault (hw/ndp/command.py): the offsets array; then for each
+     table t in order, TABLE_ROWS + t its rows (base_addr + rows*dim/16 > capacity_lines) and
+     GRADIENTS the gradient vector of its last bag (grad_addr + (B-1)*row_pitch_lines + col_lines + dim/16
+     > capacity_lines); later INDICES / WEIGHTS (the line holding element
+     offsets[T*B]-1; weights only when flags.has_weights).
    - OFFSETS, error_info = position i of the first offset with offsets[i] < offsets[i-1], or
-     offsets[i] - offsets[i-1] > 65535 (a bag longer than Fp32DivInt's 16-bit L range;
-     rejected in every pooling mode).
-   - INDEX_RANGE, error_info = element position of the first index >= its table's rows.
-   offsets[0] need not be 0; indices before offsets[0] are not read.
-2. Apply: bag stage -> lookahead -> scratchpad -> 16-lane FP datapath (below). Rows are read
-   once into the scratchpad, updated there and written back; at the end every cached row is
-   written back and the engine waits for all write responses (durable) before ``done``.
-   A command without index occurrences completes after validation, touching nothing.
-MEDIA (error_info = what << 24: 1 offsets, 2 indices, 3 weights, 4 gradients, 5 row read;
+     with offsets[i] - offsets[i-1] > 65535 (a bag longer than Fp32DivInt's 16-bit L; this
+     engine rejects it in every pooling mode).
+   - INDEX_RANGE, error_info = position of the first index >= its table's rows.
+2. Apply: bag stage -> lookahead -> scratchpad -> datapath (below). Each row is read into the
+   scratchpad, updated there, and written back when evicted or at the end; before ``done``
+   every cached row is written back and every write response (durable) has arrived.
+   A command without index occurrences ends after validation and writes nothing.
+MEDIA, error_info = what << 24 (1 offsets, 2 indices, 3 weights, 4 gradients, 5 row read,
 6 row write): a read response with error or poison, or a write response with error. In the
 validation pass nothing has been written. In the apply pass the engine stops issuing,
 drains every outstanding response, drops the scratchpad without writing it back and ends
-with MEDIA: rows of this batch may then hold their old value or any intermediate value of
-the update sequence (rows evicted earlier were written back). The device's undo log is the
-recovery path. After any error the engine is ready for the next command.
+with MEDIA: the rows of this batch then hold their old value or any intermediate value of
+their update sequence (rows evicted earlier were written back); the device's undo log is
+the recovery path. After any error the engine is ready for the next command.
 
-Stats (EngineStats): lookups = occurrences applied; rows_read / rows_written = row fills /
-row write-backs; lines_read / lines_written = every line read (offsets and indices twice:
-once per pass; weights, gradients of non-empty bags, rows) / written; lines_pushed = 0.
-unique_rows = row fills of rows the command had not evicted before, as far as a filter of
-4*scratch_lines entries (hash of the row address -> command epoch) can tell: exact when no
-row was evicted (then rows_read == unique_rows); with evictions a re-read row never counts,
-and a new row whose hash collides with an evicted one is missed (a lower bound, off by about
-evictions/(4*scratch_lines) of the misses). The 16-bit epoch wraps after 65535 commands.
+Stats (EngineStats, valid with ``done``, also after an error): lookups = occurrences
+applied; rows_read / rows_written = row fills / row write-backs (equal on success);
+lines_read = every line read: offsets and used indices twice (once per pass), weights
+(when has_weights), the gradients of non-empty bags, rows; lines_written = row lines
+written; lines_pushed = 0. unique_rows = row fills of rows this command had not evicted
+before, as far as a filter of 4*scratch_lines entries (hash of the row address -> 16-bit
+command epoch) can tell. It is exact when no row was evicted (then it equals rows_read).
+With evictions a re-read row never counts, and a new row whose hash hits an evicted one is
+missed: a lower bound, low by about (evicted rows)/(4*scratch_lines) of the misses. The epoch
+aliases after 65536 commands (a stale entry could then hide one row: stats only).
 
-Scratchpad (write-back row cache)
-- Slots of S = 2**ceil(log2(max dim/16 over the command's tables)) lines; scratch_lines/S
-  slots. Slot state (row address, lines, last occurrence number that uses it, a reference
-  bit, its tag way) lives in a Memory; a row is identified by its first line address.
-- Lookup: an 8-way set-associative tag store (scratch_lines/2 sets, a multiplicative hash of
-  the row address) maps row address -> slot; tags are decoupled from slots (4x more tag
-  entries than slots at S=1), so a batch whose distinct rows fit in the slots is read once
-  and written once unless 9+ of them hash to one set (then one of that set's rows is evicted,
-  which costs traffic, not correctness).
-- Pinning without counters: occurrence n (in input order) carries its number; a slot is
-  pinned while its last user's number >= ``completed`` (occurrences whose last line has been
-  written back into the scratchpad). Only unpinned slots are evicted, so every pending update
-  of a row is applied before it is written back; a row that recurs later is re-read, and the
-  memory port's read-after-write rule makes that exact.
-- Replacement: unused slots first, then CLOCK (second chance: the reference bit is set on a
-  hit, cleared as the hand passes; pinned slots are skipped). If every slot is pinned the
+Scratchpad (a write-back cache of rows)
+- Slots of S = 2**ceil(log2(max dim/16 over the command's tables)) lines, scratch_lines/S of
+  them. Per slot (a Memory): row address (the key: a row is its first line address, so
+  tables must not partially overlap), lines, the number of the last occurrence that uses it,
+  a reference bit, its tag way.
+- Lookup: an 8-way set-associative tag store, scratch_lines/2 sets, indexed by a
+  multiplicative hash of the row address, maps row -> slot. Tags are decoupled from slots
+  (4x more tag entries than slots when S = 1), so the distinct rows of a batch that fit in
+  the slots are read once and written once unless 9 or more of them share a tag set; then an
+  unpinned row of that set is evicted (more traffic, same result).
+- Pinning without counters: occurrence n (input order) carries its number; a slot is pinned
+  while its last user's number >= ``completed`` (occurrences whose last line has been written
+  into the scratchpad). Only unpinned slots are evicted, so all pending updates of a row are
+  applied before it is written back; a row that recurs later is read again, and the memory
+  port's read-after-write rule makes that exact.
+- Replacement: never-used slots first, then CLOCK (second chance: the reference bit is set on
+  a hit and cleared as the hand passes; pinned slots are skipped). If every slot is pinned the
   lookahead waits for the datapath.
-- Fill/write-back order: the victim's lines are read from the scratchpad and issued as writes
-  before the new row's fill reads are issued (one request stream, program order).
+- Ordering: a victim's lines are read from the scratchpad and issued as writes before the new
+  row's fill reads, in the same request stream (program order).
 
-Pipeline, latency and throughput
-- Bag stage: walks the offsets (one bag per cycle), fetches the gradient lines of each
-  non-empty bag into a 256-line ring, computes 1/L (Fp32DivInt, 10 cycles, pipelined).
-- Lookahead: one occurrence per cycle on a hit (3-stage: row address, tag read, compare);
-  a miss into a free slot costs 1 + dim/16 cycles, a miss with eviction ~4 + 2*dim/16 (the
-  write-back and the fill share the request stream). Up to 128 occurrences wait in the
-  occurrence queue; their fills are in flight meanwhile (hundreds of lines), which hides the
-  media latency.
-- Datapath: 16 Fp32Fma lanes (one 64-byte line per cycle), shared by the two operations:
-  MUL (c = g * scale, into a 32-line contribution ring; WEIGHTED_SUM and MEAN only) and FMA
-  (row = fma(-lr, c, row)). An FMA line-step issues when its row line has arrived, its
-  contribution is ready and no FMA on the same line issued in the previous 4 cycles; the
-  result of a step 5 cycles earlier is forwarded, so a row updated back to back costs 5
-  cycles per line-step chain (a hot dim-16 row: 5 cycles per occurrence; dim >= 80: no
-  stall). Otherwise one line-step per cycle (SUM) or two (MUL + FMA).
-- End: all cached rows are written back (one line per cycle, as the port accepts them), then
-  ``done`` follows the last write response. Validation streams up to 64 index lines in flight.
+Pipeline, latency and throughput (one request per cycle at most)
+- Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
+  non-empty bag into a 256-line ring); 1/L through Fp32DivInt (10 cycles, pipelined).
+- Lookahead: a hit costs 1 cycle (row address, tag-set read and compare are pipelined); a
+  miss into a free slot 1 + dim/16, a miss that evicts 1 + 2*dim/16 (write-back, then fill; +1
+  per slot the CLOCK hand passes).
+  Up to 128 occurrences wait in the occurrence queue with their fills in flight, which hides
+  the media latency (about 100-130 reads in flight in the measurements below).
+- Datapath: 16 Fp32Fma lanes (one 64-byte line per cycle) shared by two operations: MUL
+  (c = g * scale into a 32-line contribution ring; WEIGHTED_SUM and MEAN only) and FMA
+  (row = fma(-lr, c, row)). An FMA line-step issues when its row line has arrived, its c is
+  ready and no FMA on the same scratchpad line issued in the 4 previous cycles; a result 5
+  cycles old is forwarded. So one row updated back to back costs 5 cycles per occurrence for
+  dim 16..80 (the lines interleave), otherwise one line-step per cycle (SUM) or two (MUL+FMA).
+- End: write-back of every cached row (one line per cycle as the port accepts), then ``done``
+  after the last write response.
+- Fixed cost per command: the offsets and then the indices round trip (validation), the
+  first fills, the last writes (about 600-900 cycles at 120/280-cycle read/write latency).
+Measured (tests/test_update_engine.py, test_perf: 120-cycle reads, 280-cycle writes retired at
+0.32 lines/cycle, <= 256 reads / 128 writes outstanding): one dim-16 row 400 times in a row:
+7.2 cycles/occurrence, 5.1 marginal; the same for a dim-32 WEIGHTED_SUM row: 5.2 marginal;
+uniform random rows, dim 16: 6.4 (512 occurrences, no eviction) and 3.9 (4096 occurrences,
+evicting), 3.5 marginal (the write bandwidth allows 3.1); dim-64 WEIGHTED_SUM, 512 random
+occurrences: 15.5 (write bound: 1940 lines at 0.32/cycle); Zipf(1.2) rows, dim 32: 3.4.
 
-Assumptions: the processor has checked the descriptor (T in 1..128, B >= 1, dims multiple of
-16 in [16, 256], rows >= 1, pooling mode, has_weights for WEIGHTED_SUM). Tables must not
-partially overlap in memory (identical overlapping rows share one cache entry, by address).
-The memory port honours hw/mem/port.py (read-after-write per line, writes per line in order).
+Assumptions: the processor has checked the descriptor (T in 1..128, B >= 1, dims multiples of
+16 in [16, 256], rows >= 1, pooling mode, has_weights for WEIGHTED_SUM). The memory port honours
+hw/mem/port.py (read-after-write per line, writes to a line in order).
 """
 from __future__ import annotations
 
@@ -122,7 +132,7 @@ from ..common.cxl_mem import LINE_BITS
 from ..common.fp32 import ONE, FmaOp, Fp32Fma
 from ..common.fp32_div import Fp32DivInt
 from ..mem.arbiter import client_port_signature
-from .command import FLOATS_PER_LINE, MAX_TABLES, NdpError, PoolMode, engine_control_signature
+from .command import AddressFault, FLOATS_PER_LINE, MAX_TABLES, NdpError, PoolMode, engine_control_signature
 
 LANES = FLOATS_PER_LINE
 KIND_BITS = 3
@@ -131,7 +141,7 @@ WIDE = 52                        # address arithmetic of the range checks never 
 
 
 class Kind(enum.IntEnum):
-    """ctx[-3:]: which buffer a response fills (also the 'what' of ADDRESS / MEDIA infos)."""
+    """ctx[P:P+3]: which buffer a response fills (also the 'what' of ADDRESS / MEDIA infos)."""
     OFFSETS = 1
     INDICES = 2
     WEIGHTS = 3
@@ -303,13 +313,9 @@ class Mgr(enum.IntEnum):
     CLOCK = 2
     CONF_RD = 3
     CONF_CHK = 4
-    INSERT = 5
-    FILL = 6
-    PUSH = 7
-    FL_RD = 8
-    FL_CHK = 9
-    FL_WB = 10
-    FL_INV = 11
+    FILL = 5
+    PUSH = 6
+    FL_CHK = 7
 
 
 class UpdateEngine(wiring.Component):
@@ -378,6 +384,8 @@ class UpdateEngine(wiring.Component):
         state = Signal(Main)
         clr = Signal()                          # start of a command: forget the last one
         freeze = Signal()                       # MEDIA abort: issue nothing new
+        frozen = Signal()                       # ... from the abort until the next command clears
+        m.d.comb += freeze.eq(frozen)
         tbl_sel = Signal(7)
         m.d.comb += self.ctl.table_index.eq(tbl_sel)
 
@@ -562,7 +570,7 @@ class UpdateEngine(wiring.Component):
                         epoch.eq(epoch + 1),
                         st_rows_read.eq(0), st_rows_written.eq(0), st_unique.eq(0),
                         st_lines_read.eq(0), st_lines_written.eq(0),
-                        max_lines.eq(0), t_chk.eq(0), total.eq(0),
+                        max_lines.eq(0), t_chk.eq(0), total.eq(0), frozen.eq(0),
                         state.eq(Main.CHK_OFFS),
                     ]
 
@@ -570,7 +578,7 @@ class UpdateEngine(wiring.Component):
                 m.d.comb += tbl_sel.eq(0)
                 last = cmd.offsets_addr + (n_bags >> 4)
                 with m.If(last >= CAP):
-                    fail(NdpError.ADDRESS, int(Kind.OFFSETS) << 24)
+                    fail(NdpError.ADDRESS, AddressFault.OFFSETS)
                 with m.Else():
                     m.d.comb += [rd_off.start.eq(1), rd_off.first_line.eq(cmd.offsets_addr),
                                  rd_off.n_lines.eq((n_bags >> 4) + 1)]
@@ -583,9 +591,9 @@ class UpdateEngine(wiring.Component):
                 m.d.comb += [row_end.eq(tab.base_addr + tab.rows * lines_of_tab),
                              grad_end.eq(cmd.grad_addr + gmul + tab.col_lines + lines_of_tab)]
                 with m.If(row_end > CAP):
-                    fail(NdpError.ADDRESS, Cat(t_chk, Const(0, 16), Const(int(Kind.ROW), 8)))
+                    fail(NdpError.ADDRESS, AddressFault.TABLE_ROWS + t_chk)
                 with m.Elif(grad_end > CAP):
-                    fail(NdpError.ADDRESS, Cat(t_chk, Const(0, 16), Const(int(Kind.GRAD), 8)))
+                    fail(NdpError.ADDRESS, AddressFault.GRADIENTS)
                 with m.Else():
                     with m.If(lines_of_tab > max_lines):
                         m.d.sync += max_lines.eq(lines_of_tab)
@@ -639,9 +647,9 @@ class UpdateEngine(wiring.Component):
                 with m.If(tb_last == tb_first):
                     m.d.sync += state.eq(Main.DONE)         # nothing to update
                 with m.Elif(cmd.indices_addr + last_rel >= CAP):
-                    fail(NdpError.ADDRESS, int(Kind.INDICES) << 24)
+                    fail(NdpError.ADDRESS, AddressFault.INDICES)
                 with m.Elif(cmd.flags.has_weights & (cmd.weights_addr + last_rel >= CAP)):
-                    fail(NdpError.ADDRESS, int(Kind.WEIGHTS) << 24)
+                    fail(NdpError.ADDRESS, AddressFault.WEIGHTS)
                 with m.Else():
                     m.d.comb += [rd_idx.start.eq(1), rd_idx.first_line.eq(cmd.indices_addr + first_rel),
                                  rd_idx.n_lines.eq(last_rel - first_rel + 1)]
@@ -719,14 +727,14 @@ class UpdateEngine(wiring.Component):
 
             with m.Case(Main.APPLY):
                 with m.If(media_err):
-                    m.d.sync += state.eq(Main.ABORT)
+                    m.d.sync += [frozen.eq(1), state.eq(Main.ABORT)]
                 with m.Elif(bag_done & look_empty & (seq == total) & (completed == total)):
                     m.d.comb += flush_go.eq(1)
                     m.d.sync += state.eq(Main.FLUSH)
 
             with m.Case(Main.FLUSH):
                 with m.If(media_err):
-                    m.d.sync += state.eq(Main.ABORT)
+                    m.d.sync += [frozen.eq(1), state.eq(Main.ABORT)]
                 with m.Elif(mgr_idle):
                     m.d.sync += state.eq(Main.WAIT_WR)
 
@@ -741,13 +749,11 @@ class UpdateEngine(wiring.Component):
                     m.d.sync += state.eq(Main.DONE)
 
             with m.Case(Main.ABORT):
-                m.d.comb += freeze.eq(1)
                 with m.If((reads_out == 0) & (writes_out == 0) & ~out_valid):
                     m.d.comb += abort_go.eq(1)
                     m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(media_info), state.eq(Main.ABORT_SCAN)]
 
             with m.Case(Main.ABORT_SCAN):
-                m.d.comb += freeze.eq(1)
                 with m.If(mgr_idle):
                     m.d.sync += state.eq(Main.DONE)
 
@@ -923,8 +929,9 @@ class UpdateEngine(wiring.Component):
         m.d.comb += s1_set.eq(_hash(s1_addr, TSB, 0x9E3779B1))
         entry = data.StructLayout({"valid": 1, "key": 32, "slot": SB})
         m.submodules.tags = tags = Memory(shape=W * entry.size, depth=1 << TSB, init=[])
-        tag_wp = tags.write_port(granularity=entry.size)
-        tag_rp = tags.read_port(transparent_for=(tag_wp,))
+        tag_wp = tags.write_port(granularity=entry.size)      # inserts (and flush invalidations)
+        tag_drop = tags.write_port(granularity=entry.size)    # the victim's entry, same cycle as the insert
+        tag_rp = tags.read_port(transparent_for=(tag_wp, tag_drop))
         # S2 re-reads its own set while it waits (a miss rewrites tags meanwhile).
         m.d.comb += tag_rp.addr.eq(Mux(s1_move, s1_set, s2_set))
         with m.If(s1_move):
@@ -951,7 +958,9 @@ class UpdateEngine(wiring.Component):
         slot_rec = data.StructLayout({"valid": 1, "ref": 1, "addr": 32, "lines": 5, "last_use": 32, "way": WB_})
         m.submodules.slots = slots = Memory(shape=slot_rec, depth=SL, init=[])
         slot_wp = slots.write_port()
-        slot_rp = slots.read_port()
+        slot_rp = slots.read_port(transparent_for=(slot_wp,))
+        slot_rd_addr = Signal(SB)               # the address slot_rp.data belongs to
+        m.d.sync += slot_rd_addr.eq(slot_rp.addr)
         rec = slot_rp.data
 
         m.submodules.filt = filt = Memory(shape=16, depth=1 << FB, init=[])
@@ -973,7 +982,6 @@ class UpdateEngine(wiring.Component):
         fresh = Signal(SB + 1)
         v = Signal(SB)                          # the slot being (re)filled
         vway = Signal(WB_)
-        vrec = Signal(slot_rec)
         tw = Signal(W * entry.size)             # the missing key's tag set, as read
         rr = Signal(WB_)
         tw_way = data.View(entry, tw.word_select(rr, entry.size))     # the conflict candidate
@@ -983,25 +991,28 @@ class UpdateEngine(wiring.Component):
         hand_next = Mux(hand + 1 == nslots, 0, hand + 1)[:SB]
         pinned = rec.valid & (rec.last_use >= completed)
 
-        # Write-back machine: lines of one slot -> memory writes (scratch read port output is
-        # the request payload, held by the port's enable while the port is busy).
+        # Write-back machine: the lines of one slot -> memory writes. The scratch read port's
+        # output is the request payload (its enable holds it while the port is busy); the
+        # first line is read in the cycle of ``wb_go``.
         wb_go = Signal()
         wb_base_in = Signal(SB)
         wb_addr_in = Signal(32)
         wb_lines_in = Signal(5)
-        wb_active = Signal()
+        wb_active = Signal()                    # lines not yet accepted by the port
         wb_base = Signal(SB)
         wb_addr = Signal(32)
         wb_lines = Signal(5)
-        wb_k = Signal(5)
-        wb_have = Signal()
+        wb_k = Signal(5)                        # lines read from the scratchpad
+        wb_have = Signal()                      # a read line waits on the port
         wb_pk = Signal(5)
         wb_acc = Signal()
         wb_read = Signal()
+        wb_issuing = Signal()                   # write-back requests still to be accepted
         m.d.comb += [
             wb_acc.eq(wb_have & src_look.ready),
             wb_read.eq(wb_active & (wb_k != wb_lines) & (~wb_have | wb_acc)),
-            scr_wb.addr.eq(wb_base | wb_k), scr_wb.en.eq(wb_read),
+            wb_issuing.eq(wb_have | (wb_active & (wb_k != wb_lines))),
+            scr_wb.addr.eq(wb_base | wb_k), scr_wb.en.eq(wb_read | wb_go),
         ]
         with m.If(wb_read):
             m.d.sync += [wb_k.eq(wb_k + 1), wb_have.eq(1), wb_pk.eq(wb_k)]
@@ -1010,9 +1021,9 @@ class UpdateEngine(wiring.Component):
         with m.If(wb_active & (wb_k == wb_lines) & (~wb_have | wb_acc)):
             m.d.sync += wb_active.eq(0)
         with m.If(wb_go):
+            m.d.comb += scr_wb.addr.eq(wb_base_in)
             m.d.sync += [wb_active.eq(1), wb_base.eq(wb_base_in), wb_addr.eq(wb_addr_in), wb_lines.eq(wb_lines_in),
-                         wb_k.eq(0), wb_have.eq(0)]
-            m.d.sync += st_rows_written.eq(st_rows_written + 1)
+                         wb_k.eq(1), wb_have.eq(1), wb_pk.eq(0), st_rows_written.eq(st_rows_written + 1)]
 
         fill_valid = Signal()
         fill_line = Signal(SB)
@@ -1027,17 +1038,16 @@ class UpdateEngine(wiring.Component):
         ]
 
         def evict(slot, r, drop_tag):
-            """Write back slot ``slot`` holding record ``r``; forget its tag unless reused."""
+            """Write back ``slot`` (record ``r``); forget its tag unless the caller reuses it."""
             m.d.comb += [wb_go.eq(1), wb_base_in.eq(slot << slot_shift), wb_addr_in.eq(r.addr),
                          wb_lines_in.eq(r.lines),
                          filt_wp.addr.eq(_hash(r.addr, FB, 0x85EBCA6B)), filt_wp.en.eq(1)]
             if drop_tag:
-                inv = Signal(entry, name="inv_entry")
-                m.d.comb += [tag_wp.addr.eq(_hash(r.addr, TSB, 0x9E3779B1)),
-                             tag_wp.data.eq(Cat(*[inv] * W)), tag_wp.en.eq(Const(1, W) << r.way)]
+                m.d.comb += [tag_drop.addr.eq(_hash(r.addr, TSB, 0x9E3779B1)), tag_drop.data.eq(0),
+                             tag_drop.en.eq(Const(1, W) << r.way)]
 
         def insert(slot, way):
-            """Tag and slot state of the missing row; fills follow in FILL."""
+            """Tag and slot state of the missing row; its fills follow in FILL."""
             new = Signal(entry, name="new_entry")
             srec = Signal(slot_rec, name="new_slot")
             m.d.comb += [new.valid.eq(1), new.key.eq(s2_addr), new.slot.eq(slot),
@@ -1049,6 +1059,10 @@ class UpdateEngine(wiring.Component):
             with m.If(filt_rp.data != epoch):
                 m.d.sync += st_unique.eq(st_unique + 1)
 
+        # slot_rp.data is slot[hand] whenever the previous cycle presented ``hand`` (the
+        # default), so a miss can take the victim at the hand in the cycle it is found.
+        at_hand = slot_rd_addr == hand
+        victim_at_hand = at_hand & rec.valid & ~pinned & ~rec.ref
         m.d.comb += slot_rp.addr.eq(hand)
         with m.Switch(mstate):
             with m.Case(Mgr.IDLE):
@@ -1056,7 +1070,8 @@ class UpdateEngine(wiring.Component):
                     m.d.sync += mstate.eq(Mgr.LOOK)
             with m.Case(Mgr.LOOK):
                 with m.If(flush_go):
-                    m.d.sync += [fs.eq(0), abort_mode.eq(0), mstate.eq(Mgr.FL_RD)]
+                    m.d.comb += slot_rp.addr.eq(0)
+                    m.d.sync += [fs.eq(0), abort_mode.eq(0), mstate.eq(Mgr.FL_CHK)]
                 with m.Elif(s2_valid & ~freeze):
                     with m.If(hit):
                         with m.If(occ_q.w_rdy):
@@ -1070,11 +1085,17 @@ class UpdateEngine(wiring.Component):
                     with m.Elif(fresh != nslots):
                         m.d.sync += fresh.eq(fresh + 1)
                         insert(fresh[:SB], free_way)
+                    with m.Elif(victim_at_hand & ~wb_active):
+                        evict(hand, rec, drop_tag=True)
+                        insert(hand, free_way)
+                        m.d.sync += hand.eq(hand_next)
                     with m.Else():
                         m.d.sync += [vway.eq(free_way), mstate.eq(Mgr.CLOCK)]
             with m.Case(Mgr.CLOCK):
-                # slot_rp.data is slot[hand] (the address presented last cycle).
-                with m.If(pinned):
+                # CLOCK (second chance) over the slots; pinned slots are skipped.
+                with m.If(~at_hand | wb_active):
+                    pass                                # wait for slot[hand] / the write-back port
+                with m.Elif(pinned):
                     m.d.comb += slot_rp.addr.eq(hand_next)
                     m.d.sync += hand.eq(hand_next)
                 with m.Elif(rec.ref):
@@ -1086,57 +1107,58 @@ class UpdateEngine(wiring.Component):
                 with m.Else():
                     with m.If(rec.valid):
                         evict(hand, rec, drop_tag=True)
-                    m.d.sync += [hand.eq(hand_next), v.eq(hand), mstate.eq(Mgr.INSERT)]
+                    insert(hand, vway)
+                    m.d.sync += hand.eq(hand_next)
             with m.Case(Mgr.CONF_RD):
+                # The missing row's tag set is full: evict one of its rows and reuse the way.
                 m.d.comb += slot_rp.addr.eq(tw_way.slot)
                 m.d.sync += mstate.eq(Mgr.CONF_CHK)
             with m.Case(Mgr.CONF_CHK):
                 with m.If(pinned):
                     m.d.sync += [rr.eq(rr + 1), mstate.eq(Mgr.CONF_RD)]
-                with m.Else():
+                with m.Elif(~wb_active):
                     evict(tw_way.slot, rec, drop_tag=False)
-                    m.d.sync += [v.eq(tw_way.slot), vway.eq(rr), rr.eq(rr + 1), mstate.eq(Mgr.INSERT)]
-            with m.Case(Mgr.INSERT):
-                insert(v, vway)
+                    insert(tw_way.slot, rr)
+                    m.d.sync += rr.eq(rr + 1)
             with m.Case(Mgr.FILL):
-                # Fills wait for the victim's write-back requests (same stream: program order).
-                m.d.comb += fill_valid.eq(~wb_active & ~freeze)
+                # Fills follow the victim's write-back requests (one stream: program order).
+                m.d.comb += fill_valid.eq(~wb_issuing & ~freeze)
                 with m.If(fill_valid & src_look.ready):
                     m.d.comb += arr_clr.en.eq(1)
                     m.d.sync += fk.eq(fk + 1)
                     with m.If(fk + 1 == s2_lines):
-                        m.d.sync += mstate.eq(Mgr.PUSH)
+                        with m.If(occ_q.w_rdy):
+                            m.d.comb += [push.eq(1), push_slot.eq(v), s2_done.eq(1)]
+                            m.d.sync += mstate.eq(Mgr.LOOK)
+                        with m.Else():
+                            m.d.sync += mstate.eq(Mgr.PUSH)
             with m.Case(Mgr.PUSH):
                 with m.If(occ_q.w_rdy & ~freeze):
                     m.d.comb += [push.eq(1), push_slot.eq(v), s2_done.eq(1)]
                     m.d.sync += mstate.eq(Mgr.LOOK)
-            with m.Case(Mgr.FL_RD):
+            with m.Case(Mgr.FL_CHK):
+                # End of the batch (or a MEDIA abort): write back (unless aborting) and forget
+                # every slot used, one per cycle as the write-back machine frees up.
                 m.d.comb += slot_rp.addr.eq(fs[:SB])
                 with m.If(fs == fresh):
-                    m.d.sync += [fresh.eq(0), hand.eq(0), mstate.eq(Mgr.IDLE)]
-                with m.Else():
-                    m.d.sync += mstate.eq(Mgr.FL_CHK)
-            with m.Case(Mgr.FL_CHK):
-                m.d.sync += vrec.eq(rec)
-                with m.If(~rec.valid):
-                    m.d.sync += [fs.eq(fs + 1), mstate.eq(Mgr.FL_RD)]
-                with m.Elif(abort_mode):
-                    m.d.sync += mstate.eq(Mgr.FL_INV)
-                with m.Else():
-                    m.d.comb += [wb_go.eq(1), wb_base_in.eq(fs[:SB] << slot_shift), wb_addr_in.eq(rec.addr),
-                                 wb_lines_in.eq(rec.lines)]
-                    m.d.sync += mstate.eq(Mgr.FL_WB)
-            with m.Case(Mgr.FL_WB):
-                with m.If(~wb_active):
-                    m.d.sync += mstate.eq(Mgr.FL_INV)
-            with m.Case(Mgr.FL_INV):
-                inv = Signal(entry)
-                m.d.comb += [tag_wp.addr.eq(_hash(vrec.addr, TSB, 0x9E3779B1)), tag_wp.data.eq(Cat(*[inv] * W)),
-                             tag_wp.en.eq(Const(1, W) << vrec.way),
-                             slot_wp.addr.eq(fs[:SB]), slot_wp.data.as_value().eq(0), slot_wp.en.eq(1)]
-                m.d.sync += [fs.eq(fs + 1), mstate.eq(Mgr.FL_RD)]
+                    with m.If(~wb_active):
+                        m.d.sync += [fresh.eq(0), hand.eq(0), mstate.eq(Mgr.IDLE)]
+                with m.Elif(slot_rd_addr != fs[:SB]):
+                    pass                                # slot[fs] arrives next cycle
+                with m.Elif(~rec.valid):
+                    m.d.comb += slot_rp.addr.eq((fs + 1)[:SB])
+                    m.d.sync += fs.eq(fs + 1)
+                with m.Elif(abort_mode | ~wb_active):
+                    with m.If(~abort_mode):
+                        m.d.comb += [wb_go.eq(1), wb_base_in.eq(fs[:SB] << slot_shift), wb_addr_in.eq(rec.addr),
+                                     wb_lines_in.eq(rec.lines)]
+                    m.d.comb += [tag_drop.addr.eq(_hash(rec.addr, TSB, 0x9E3779B1)), tag_drop.data.eq(0),
+                                 tag_drop.en.eq(Const(1, W) << rec.way),
+                                 slot_wp.addr.eq(fs[:SB]), slot_wp.data.as_value().eq(0), slot_wp.en.eq(1),
+                                 slot_rp.addr.eq((fs + 1)[:SB])]
+                    m.d.sync += fs.eq(fs + 1)
         with m.If(abort_go):
-            m.d.sync += [fs.eq(0), abort_mode.eq(1), wb_active.eq(0), wb_have.eq(0), mstate.eq(Mgr.FL_RD)]
+            m.d.sync += [fs.eq(0), abort_mode.eq(1), wb_active.eq(0), wb_have.eq(0), mstate.eq(Mgr.FL_CHK)]
         m.d.comb += mgr_idle.eq(mstate == Mgr.IDLE)
         with m.If(clr):
             m.d.sync += [s1_valid.eq(0), s2_valid.eq(0), la_valid.eq(0), seq.eq(0), rr.eq(0)]

@@ -1,0 +1,643 @@
+"""cocotb tests for UpdateEngine (hw/ndp/update.py), run by tests/test_update_engine.py.
+
+The testbench stands in for both neighbours of the engine, in one per-cycle step registered
+as a raw rising-edge callback (values read there are the pre-edge ones, as in sim/bfm/link.py):
+- the command processor: pulses ``ctl.start`` with a packed CommandDescriptor and answers
+  ``ctl.table_index`` with that table's descriptor one cycle later (a synchronous read port);
+  it records ``done`` (error, error_info, stats) and the cycles from start to done.
+- the memory subsystem (hw/mem/port.py guarantees): a numpy array of lines. A write updates
+  the array when accepted; a read returns the line as it is when accepted, so a read accepted
+  after a write to the same line sees it. Each response waits a random latency (the "random"
+  model: 20..150 cycles, so responses come back out of order; req.ready drops at random) or
+  a PMEM-like one (the "pmem" model: ~120-cycle reads, writes retired at 0.32 per cycle, at
+  most 256 reads / 128 writes outstanding). Reads of lines in ``poison`` come back poisoned.
+
+Every command's result is compared bit for bit (NaN == NaN) with sim.model.embedding's
+``tbe_sgd_step`` on a host copy of the tables; stats are checked against the traffic the
+memory saw. Environment: UE_ADDR_BITS, UE_CAPACITY, UE_SCRATCH (the build's parameters),
+TCXL_SEED (replay), UE_PERF_JSON (the perf test writes its figures there).
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import random
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, Timer
+
+from hw.mem.port import mem_read_response_layout, mem_request_layout, mem_write_response_layout
+from hw.ndp.command import AddressFault, CommandDescriptor, EngineStats, NdpError, PoolMode, TableDescriptor
+from hw.ndp.update import UpdateEngine
+from sim.model import embedding, fp32_ref
+from sim.model.codec import StructCodec
+
+ADDR_BITS = int(os.environ.get("UE_ADDR_BITS", "16"))
+CAPACITY = int(os.environ.get("UE_CAPACITY", str(1 << ADDR_BITS)))
+SCRATCH = int(os.environ.get("UE_SCRATCH", "1024"))
+SEED = int(os.environ.get("TCXL_SEED", "0")) or random.randrange(1, 1 << 31)
+CTX_BITS = UpdateEngine.required_ctx_bits(SCRATCH)
+MODES = {"sum": PoolMode.SUM, "mean": PoolMode.MEAN, "weighted_sum": PoolMode.WEIGHTED_SUM}
+
+REQ = StructCodec(mem_request_layout(ADDR_BITS, CTX_BITS))
+RD = StructCodec(mem_read_response_layout(CTX_BITS))
+WR = StructCodec(mem_write_response_layout(CTX_BITS))
+CMD = StructCodec(CommandDescriptor)
+TAB = StructCodec(TableDescriptor)
+STATS = StructCodec(EngineStats)
+
+
+def line_to_int(words: np.ndarray) -> int:
+    return int.from_bytes(words.astype("<u4").tobytes(), "little")
+
+
+def int_to_line(value: int) -> np.ndarray:
+    return np.frombuffer(value.to_bytes(64, "little"), dtype="<u4").astype(np.uint32)
+
+
+class Bench:
+    """Processor + memory stand-in; see the module docstring."""
+
+    def __init__(self, dut, rng: random.Random, model: str = "random"):
+        self.dut = dut
+        self.rng = rng
+        self.model = model
+        self.mem = np.zeros((1 << ADDR_BITS, 16), dtype=np.uint32)
+        self.poison: set[int] = set()       # lines whose reads come back poisoned
+        self.write_errors: set[int] = set()  # lines whose writes are answered with error
+        self.cycle = 0
+        h = lambda name: getattr(dut, name)._handle          # noqa: E731
+        self.h_req_valid, self.h_req_ready, self.h_req_payload = (
+            h("mem__req__valid"), h("mem__req__ready"), h("mem__req__payload"))
+        self.h_rd_valid, self.h_rd_ready, self.h_rd_payload = (
+            h("mem__rd_rsp__valid"), h("mem__rd_rsp__ready"), h("mem__rd_rsp__payload"))
+        self.h_wr_valid, self.h_wr_ready, self.h_wr_payload = (
+            h("mem__wr_rsp__valid"), h("mem__wr_rsp__ready"), h("mem__wr_rsp__payload"))
+        self.h_start, self.h_cmd, self.h_table, self.h_table_index = (
+            h("ctl__start"), h("ctl__cmd"), h("ctl__table"), h("ctl__table_index"))
+        self.h_done, self.h_error, self.h_info, self.h_stats = (
+            h("ctl__done"), h("ctl__error"), h("ctl__error_info"), h("ctl__stats"))
+        self.cmd_width = len(dut.ctl__cmd)
+        self.tab_width = len(dut.ctl__table)
+        self.rd_pending: list = []          # heap of (due cycle, n, (ctx, data int, poison))
+        self.wr_pending: list = []          # heap of (due cycle, n, ctx)
+        self.rd_due: list = []              # responses due, answered in random order
+        self.wr_due: list = []
+        self.n = 0
+        self.rd_driven = False
+        self.wr_driven = False
+        self.req_ready = 0
+        self.reads_out = 0
+        self.writes_out = 0
+        self.write_free_at = 0.0            # pmem model: when the media can retire the next write
+        self.tables: list[int] = []         # packed descriptors the processor serves
+        self.last_index = -1
+        self.pending_cmd: int | None = None
+        self.start_driven = False
+        self.start_cycle = 0
+        self.result: dict | None = None
+        self.error: Exception | None = None
+        self.reset_counters()
+
+    def reset_counters(self):
+        self.lines_read = 0
+        self.lines_written = 0
+        self.writes_by_line: dict[int, int] = {}
+        self.reads_by_line: dict[int, int] = {}
+        self.max_reads_out = 0
+
+    # ---------------------------------------------------------------- per-cycle step --
+    def start(self):
+        from cocotb import simulator
+        from cocotb.triggers import RisingEdge
+        self._register_cb = simulator.register_value_change_callback
+        self._rising = RisingEdge._edge_type
+        self._clk = self.dut.clk._handle
+        for hnd in (self.h_rd_valid, self.h_wr_valid, self.h_start, self.h_req_ready):
+            hnd.set_signal_val_int(0, 0)
+        self._cb = self._register_cb(self._clk, self._on_edge, self._rising)
+
+    def _on_edge(self):
+        try:
+            self.step()
+        except Exception as exc:          # surfaces in the test through wait_done
+            self.error = exc
+            return
+        self._cb = self._register_cb(self._clk, self._on_edge, self._rising)
+
+    def _latency(self, write: bool) -> int:
+        if self.model == "pmem":
+            return 120 + self.rng.randrange(8) if not write else 280 + self.rng.randrange(8)
+        return self.rng.randrange(20, 151)
+
+    def step(self):
+        self.cycle += 1
+        cyc = self.cycle
+        rng = self.rng
+        # ---- processor side
+        if self.start_driven:
+            self.h_start.set_signal_val_int(0, 0)
+            self.start_driven = False
+        if self.h_done.get_signal_val_long() and self.result is None and self.pending_cmd is None:
+            stats = STATS.unpack(int(self.h_stats.get_signal_val_binstr(), 2))
+            self.result = {"error": self.h_error.get_signal_val_long(),
+                           "error_info": self.h_info.get_signal_val_long() & 0xFFFFFFFF,
+                           "stats": stats, "cycles": cyc - self.start_cycle}
+        if self.pending_cmd is not None:
+            self.h_cmd.set_signal_val_binstr(0, format(self.pending_cmd, f"0{self.cmd_width}b"))
+            self.h_start.set_signal_val_int(0, 1)
+            self.start_driven = True
+            self.start_cycle = cyc
+            self.pending_cmd = None
+        index = self.h_table_index.get_signal_val_long()
+        if index != self.last_index:
+            self.last_index = index
+            word = self.tables[index] if index < len(self.tables) else 0
+            self.h_table.set_signal_val_binstr(0, format(word, f"0{self.tab_width}b"))
+        # ---- memory: accepted request
+        if self.req_ready and self.h_req_valid.get_signal_val_long():
+            f = REQ.unpack(int(self.h_req_payload.get_signal_val_binstr(), 2))
+            addr = f["addr"]
+            assert addr < CAPACITY, f"request to line {addr:#x} >= capacity {CAPACITY:#x}"
+            if f["write"]:
+                assert f["strb"] == (1 << 64) - 1 and not f["poison"]
+                self.mem[addr] = int_to_line(f["data"])
+                self.lines_written += 1
+                self.writes_by_line[addr] = self.writes_by_line.get(addr, 0) + 1
+                due = cyc + self._latency(True)
+                if self.model == "pmem":          # the media retire 0.32 writes per cycle
+                    self.write_free_at = max(self.write_free_at, cyc) + 1 / 0.32
+                    due = max(due, int(self.write_free_at))
+                self.n += 1
+                heapq.heappush(self.wr_pending, (due, self.n, (f["ctx"], addr in self.write_errors)))
+                self.writes_out += 1
+            else:
+                self.n += 1
+                heapq.heappush(self.rd_pending, (cyc + self._latency(False), self.n,
+                                                 (f["ctx"], line_to_int(self.mem[addr]), addr in self.poison)))
+                self.lines_read += 1
+                self.reads_by_line[addr] = self.reads_by_line.get(addr, 0) + 1
+                self.reads_out += 1
+                self.max_reads_out = max(self.max_reads_out, self.reads_out)
+        # ---- memory: responses taken at this edge, then the next ones
+        if self.rd_driven and self.h_rd_ready.get_signal_val_long():
+            self.rd_driven = False
+            self.reads_out -= 1
+        if self.wr_driven and self.h_wr_ready.get_signal_val_long():
+            self.wr_driven = False
+            self.writes_out -= 1
+        while self.rd_pending and self.rd_pending[0][0] <= cyc:
+            self.rd_due.append(heapq.heappop(self.rd_pending)[2])
+        while self.wr_pending and self.wr_pending[0][0] <= cyc:
+            self.wr_due.append(heapq.heappop(self.wr_pending)[2])
+        if not self.rd_driven:
+            if self.rd_due:
+                k = rng.randrange(len(self.rd_due))
+                self.rd_due[k], self.rd_due[-1] = self.rd_due[-1], self.rd_due[k]
+                ctx, data, poison = self.rd_due.pop()
+                self.h_rd_payload.set_signal_val_binstr(
+                    0, format(RD.pack(data=data, poison=int(poison), error=0, ctx=ctx), f"0{RD.width}b"))
+                self.h_rd_valid.set_signal_val_int(0, 1)
+                self.rd_driven = True
+            else:
+                self.h_rd_valid.set_signal_val_int(0, 0)
+        if not self.wr_driven:
+            if self.wr_due:
+                k = rng.randrange(len(self.wr_due))
+                self.wr_due[k], self.wr_due[-1] = self.wr_due[-1], self.wr_due[k]
+                ctx, error = self.wr_due.pop()
+                self.h_wr_payload.set_signal_val_int(0, WR.pack(error=int(error), ctx=ctx))
+                self.h_wr_valid.set_signal_val_int(0, 1)
+                self.wr_driven = True
+            else:
+                self.h_wr_valid.set_signal_val_int(0, 0)
+        # ---- memory: accept a request in the next cycle?
+        ready = int(self.reads_out < 256 and self.writes_out < 128)
+        if ready and self.model == "random":
+            ready = int(rng.random() < 0.8)
+        if ready != self.req_ready:
+            self.h_req_ready.set_signal_val_int(0, ready)
+            self.req_ready = ready
+
+    # ---------------------------------------------------------------- commands --
+    async def run(self, cmd: dict, tables: list[dict], timeout: int = 400_000) -> dict:
+        self.tables = [TAB.pack(**t) for t in tables]
+        self.last_index = -1
+        self.result = None
+        self.reset_counters()
+        self.pending_cmd = CMD.pack(**cmd)
+        waited = 0
+        while self.result is None:
+            await Timer(200, unit="ns")
+            waited += 100
+            if self.error is not None:
+                raise self.error
+            assert waited < timeout, f"no done after {waited} cycles (seed {SEED})"
+        await ClockCycles(self.dut.clk, 2)
+        if self.error is not None:
+            raise self.error
+        assert not (self.rd_pending or self.wr_pending or self.rd_due or self.wr_due or self.rd_driven
+                    or self.wr_driven), f"done before every response was taken (seed {SEED})"
+        self.result["max_reads_out"] = self.max_reads_out
+        return self.result
+
+
+# -------------------------------------------------------------------- workloads --
+class Workload:
+    """Tables in device memory plus their host copies (the golden state)."""
+
+    def __init__(self, bench: Bench, specs: list[tuple[int, int, str]], rng: np.random.Generator, base: int = 64,
+                 specials: bool = False):
+        self.bench = bench
+        self.rng = rng
+        self.tables = []
+        self.descs = []
+        self.modes = [mode for _, _, mode in specs]
+        line = base
+        for rows, dim, mode in specs:
+            table = rng.standard_normal((rows, dim)).astype(np.float32)
+            if specials:
+                sel = rng.random(table.shape) < 0.01
+                table[sel] = rng.choice(np.array([np.nan, np.inf, -np.inf, 1e-42, -0.0, 3e38], np.float32),
+                                        sel.sum())
+            lines = dim // 16
+            bench.mem[line:line + rows * lines] = table.view(np.uint32).reshape(rows * lines, 16)
+            self.tables.append(table)
+            self.descs.append(dict(base_addr=line, rows=rows, dim=dim, mode=MODES[mode], col_lines=0))
+            line += rows * lines
+        col = 0
+        for d in self.descs:
+            d["col_lines"] = col
+            col += d["dim"] // 16
+        self.pitch = col
+        self.args = line + 16          # argument arrays go after the tables
+
+    def device_table(self, t: int) -> np.ndarray:
+        d = self.descs[t]
+        lines = d["dim"] // 16
+        raw = self.bench.mem[d["base_addr"]:d["base_addr"] + d["rows"] * lines]
+        return raw.reshape(d["rows"], d["dim"]).view(np.float32)
+
+    def batch(self, B: int, bag_len, pick_rows, lr: float = 0.05, specials: bool = False) -> dict:
+        """Random arguments: bag_len(t, b) -> L, pick_rows(t, L) -> row indices."""
+        T = len(self.tables)
+        lengths = [[bag_len(t, b) for b in range(B)] for t in range(T)]
+        offsets = np.zeros(T * B + 1, dtype=np.uint32)
+        indices = []
+        for t in range(T):
+            for b in range(B):
+                indices.extend(int(r) for r in pick_rows(t, lengths[t][b]))
+                offsets[t * B + b + 1] = len(indices)
+        indices = np.asarray(indices, dtype=np.uint32)
+        weights = self.rng.standard_normal(max(len(indices), 1)).astype(np.float32)[:len(indices)]
+        gouts = [self.rng.standard_normal((B, self.tables[t].shape[1])).astype(np.float32) for t in range(T)]
+        if specials:
+            for g in gouts:
+                sel = self.rng.random(g.shape) < 0.01
+                g[sel] = self.rng.choice(np.array([np.nan, np.inf, 1e-40, -0.0], np.float32), sel.sum())
+        return dict(B=B, offsets=offsets, indices=indices, weights=weights, gouts=gouts, lr=np.float32(lr))
+
+    def place(self, args: dict) -> dict:
+        """Write the argument arrays into device memory; return the command fields."""
+        mem = self.bench.mem
+        line = self.args
+
+        def put_u32(arr) -> int:
+            nonlocal line
+            start = line
+            n = (len(arr) + 15) // 16
+            buf = np.zeros(max(n, 1) * 16, dtype=np.uint32)
+            buf[:len(arr)] = np.asarray(arr).view(np.uint32)
+            mem[start:start + max(n, 1)] = buf.reshape(-1, 16)
+            line += max(n, 1) + 1
+            return start
+
+        offsets_addr = put_u32(args["offsets"])
+        indices_addr = put_u32(args["indices"])
+        weights_addr = put_u32(args["weights"])
+        grad_addr = line
+        B = args["B"]
+        for t, d in enumerate(self.descs):
+            g = args["gouts"][t].view(np.uint32).reshape(B, -1, 16)
+            for b in range(B):
+                at = grad_addr + b * self.pitch + d["col_lines"]
+                mem[at:at + g.shape[1]] = g[b]
+        has_w = any(m == "weighted_sum" for m in self.modes)
+        return dict(opcode=2, flags=int(has_w) << 1, tag=0x55, num_tables=len(self.tables), batch_size=B,
+                    tables_addr=0, offsets_addr=offsets_addr, indices_addr=indices_addr,
+                    weights_addr=weights_addr, grad_addr=grad_addr, out_addr=0,
+                    row_pitch_lines=self.pitch, lr=int(np.float32(args["lr"]).view(np.uint32)))
+
+    def golden(self, args: dict) -> None:
+        embedding.tbe_sgd_step(self.tables, args["offsets"], args["indices"], self.modes, args["B"],
+                               args["gouts"], float(args["lr"]), args["weights"])
+
+    def check_tables(self, what: str) -> None:
+        for t, table in enumerate(self.tables):
+            got = self.device_table(t)
+            same = fp32_ref.same_fp32(got.view(np.uint32).ravel(), table.view(np.uint32).ravel())
+            if not same.all():
+                bad = np.flatnonzero(~same)
+                r, c = np.unravel_index(bad[0], table.shape)
+                raise AssertionError(
+                    f"{what}: table {t} differs in {bad.size} floats (seed {SEED}); first at row {r} col {c}: "
+                    f"got {int(got.view(np.uint32)[r, c]):08x} expected {int(table.view(np.uint32)[r, c]):08x}")
+
+    def resync(self) -> None:
+        for t in range(len(self.tables)):
+            self.tables[t] = self.device_table(t).copy()
+
+    def expected_traffic(self, args: dict) -> tuple[int, int, int]:
+        """(lines read, lines written, distinct rows) when no row is evicted."""
+        B, offs, idx = args["B"], args["offsets"].astype(np.int64), args["indices"].astype(np.int64)
+        T = len(self.tables)
+        n_off = (T * B) // 16 + 1
+        total = int(offs[-1] - offs[0])
+        idx_lines = 0 if total == 0 else int((offs[-1] - 1) // 16 - offs[0] // 16 + 1)
+        has_w = any(m == "weighted_sum" for m in self.modes)
+        grads = sum(int(np.count_nonzero(np.diff(offs[t * B:(t + 1) * B + 1]))) * self.descs[t]["dim"] // 16
+                    for t in range(T))
+        rows = {}
+        for t in range(T):
+            for r in idx[offs[t * B]:offs[(t + 1) * B]]:
+                rows[(t, int(r))] = self.descs[t]["dim"] // 16
+        row_lines = sum(rows.values())
+        if total == 0:
+            return n_off, 0, 0
+        return (2 * n_off + 2 * idx_lines + (idx_lines if has_w else 0) + grads + row_lines,
+                row_lines, len(rows))
+
+
+async def setup(dut, model="random", seed_offset=0):
+    print(f"TCXL_SEED={SEED} (scratch_lines={SCRATCH}, capacity={CAPACITY})")
+    rng = random.Random(SEED * 7919 + seed_offset)
+    cocotb.start_soon(Clock(dut.clk, 2, unit="ns").start())
+    bench = Bench(dut, rng, model)
+    dut.rst.value = 1
+    dut.ctl__start.value = 0
+    await ClockCycles(dut.clk, 4)
+    dut.rst.value = 0
+    await ClockCycles(dut.clk, 1)
+    bench.start()
+    return bench, np.random.default_rng([SEED, seed_offset])
+
+
+def shift_offsets(args: dict, junk: list[int]) -> dict:
+    """The same batch with ``junk`` indices placed before offsets[0] (never read, never checked)."""
+    out = dict(args)
+    out["offsets"] = args["offsets"] + np.uint32(len(junk))
+    out["indices"] = np.concatenate([np.asarray(junk, dtype=np.uint32), args["indices"]])
+    out["weights"] = np.concatenate([np.full(len(junk), np.nan, np.float32), args["weights"]])
+    return out
+
+
+def tag_set_of(line: int) -> int:
+    """The engine's tag set of a row address (hw/ndp/update.py ``_hash``, scratch_lines / 2 sets)."""
+    bits = SCRATCH.bit_length() - 2
+    return ((line * 0x9E3779B1) & 0xFFFFFFFF) >> (32 - bits)
+
+
+async def run_and_check(bench: Bench, wl: Workload, args: dict, what: str, *, exact_traffic=True,
+                        placed: dict | None = None) -> dict:
+    placed = args if placed is None else placed
+    cmd = wl.place(placed)
+    res = await bench.run(cmd, wl.descs)
+    assert res["error"] == NdpError.OK.value, f"{what}: error {res['error']} info {res['error_info']:#x} (seed {SEED})"
+    wl.golden(args)
+    wl.check_tables(what)
+    st = res["stats"]
+    total = int(args["offsets"][-1] - args["offsets"][0])
+    assert st["lookups"] == total, (what, st)
+    assert st["lines_read"] == bench.lines_read and st["lines_written"] == bench.lines_written, (what, st)
+    assert st["lines_pushed"] == 0
+    assert st["rows_written"] == st["rows_read"], (what, st)
+    exp_read, exp_written, distinct = wl.expected_traffic(placed)
+    if exact_traffic:
+        # Every distinct row is read once and written once; nothing else is written.
+        assert (st["lines_read"], st["lines_written"]) == (exp_read, exp_written), (what, st, exp_read, exp_written)
+        assert st["unique_rows"] == distinct == st["rows_read"], (what, st, distinct)
+        assert all(n == 1 for n in bench.writes_by_line.values()), what
+    else:
+        assert st["unique_rows"] <= distinct <= st["rows_read"], (what, st, distinct)
+    print(f"{what}: {total} occurrences, {res['cycles']} cycles, {res['cycles'] / max(total, 1):.2f} cycles/occ, "
+          f"stats {st}")
+    return res
+
+
+def uniform_bags(rng, lo, hi, empty=0.2):
+    return lambda t, b: 0 if rng.random() < empty else int(rng.integers(lo, hi + 1))
+
+
+def rows_with_dups(rng, wl: Workload, hot: int = 3):
+    """Random rows with duplicates inside a bag and hot rows shared across bags."""
+    def pick(t, n):
+        rows = wl.tables[t].shape[0]
+        out = []
+        for _ in range(n):
+            u = rng.random()
+            if u < 0.3:
+                out.append(int(rng.integers(0, min(hot, rows))))
+            elif u < 0.45 and out:
+                out.append(out[-1])
+            else:
+                out.append(int(rng.integers(0, rows)))
+        return out
+    return pick
+
+
+# ------------------------------------------------------------------------- tests --
+@cocotb.test()
+async def test_mixed_modes(dut):
+    """Random batches over SUM / MEAN / WEIGHTED_SUM tables of dims 16 and 32, several in a row."""
+    bench, rng = await setup(dut, seed_offset=1)
+    wl = Workload(bench, [(120, 16, "sum"), (80, 32, "mean"), (60, 16, "weighted_sum"), (40, 32, "sum")], rng,
+                  specials=True)
+    for k in range(4):
+        args = wl.batch(int(rng.integers(3, 12)), uniform_bags(rng, 1, 6), rows_with_dups(rng, wl), specials=k == 3,
+                        lr=float(rng.choice([0.05, 0.5, 1.0, 3e-3])))
+        await run_and_check(bench, wl, args, f"mixed batch {k}", exact_traffic=SCRATCH >= 1024)
+    # offsets[0] = 5: the junk before it (out-of-range values) is neither read nor checked
+    args = wl.batch(6, uniform_bags(rng, 1, 5), rows_with_dups(rng, wl))
+    await run_and_check(bench, wl, args, "offsets from 5", placed=shift_offsets(args, [0xFFFFFFFF, 7, 1 << 20, 0, 3]),
+                        exact_traffic=SCRATCH >= 1024)
+    # all bags empty: completes after validation, nothing written
+    args = wl.batch(5, lambda t, b: 0, rows_with_dups(rng, wl))
+    res = await run_and_check(bench, wl, args, "empty batch")
+    assert bench.lines_written == 0 and res["stats"]["lookups"] == 0
+    # many tables, several of them without any index, boundaries sharing offset lines
+    specs = [(int(rng.integers(5, 40)), int(rng.choice([16, 32])), str(rng.choice(list(MODES)))) for _ in range(24)]
+    wl2 = Workload(bench, specs, rng, base=wl.args + 64)
+    empty_tables = set(rng.choice(24, 6, replace=False).tolist())
+    args = wl2.batch(3, lambda t, b: 0 if t in empty_tables else int(rng.integers(0, 4)), rows_with_dups(rng, wl2))
+    await run_and_check(bench, wl2, args, "24 tables", exact_traffic=SCRATCH >= 1024)
+
+
+@cocotb.test()
+async def test_hot_rows_and_dim256(dut):
+    """A row hit many times back to back (dims 16, 32), and a dim-256 table next to a dim-16 one."""
+    bench, rng = await setup(dut, seed_offset=2)
+    wl = Workload(bench, [(10, 16, "sum"), (10, 32, "weighted_sum")], rng)
+    args = wl.batch(4, lambda t, b: 25, lambda t, n: [3] * n)
+    await run_and_check(bench, wl, args, "hot rows", exact_traffic=SCRATCH >= 1024)
+    wl2 = Workload(bench, [(30, 256, "mean"), (50, 16, "sum")], rng, base=wl.args + 64)
+    args = wl2.batch(6, uniform_bags(rng, 1, 5, empty=0.1), rows_with_dups(rng, wl2, hot=2))
+    await run_and_check(bench, wl2, args, "dim 256", exact_traffic=SCRATCH >= 1024)
+
+
+@cocotb.test()
+async def test_scratchpad_overflow(dut):
+    """More distinct rows than the scratchpad holds: evictions, re-reads, still exact."""
+    bench, rng = await setup(dut, seed_offset=3)
+    wl = Workload(bench, [(600, 16, "sum"), (300, 32, "weighted_sum"), (200, 16, "mean")], rng)
+    for k in range(2):
+        args = wl.batch(24, uniform_bags(rng, 1, 12, empty=0.05), rows_with_dups(rng, wl, hot=4))
+        res = await run_and_check(bench, wl, args, f"overflow batch {k}", exact_traffic=False)
+        assert res["stats"]["rows_read"] > res["stats"]["unique_rows"] or SCRATCH >= 1024
+    wl2 = Workload(bench, [(40, 256, "sum"), (100, 32, "mean")], rng, base=wl.args + 64)
+    args = wl2.batch(16, uniform_bags(rng, 1, 6), rows_with_dups(rng, wl2, hot=2))
+    await run_and_check(bench, wl2, args, "overflow dim 256", exact_traffic=False)
+    # 12 rows of one tag set (8 ways): the set overflows, its unpinned rows are evicted
+    wl3 = Workload(bench, [(20000, 16, "sum")], rng, base=wl2.args + 64)
+    base = wl3.descs[0]["base_addr"]
+    target = tag_set_of(base + 1)
+    same_set = [r for r in range(20000) if tag_set_of(base + r) == target][:12]
+    assert len(same_set) == 12
+    args = wl3.batch(12, lambda t, b: 6, lambda t, n: rng.choice(same_set, n))
+    res = await run_and_check(bench, wl3, args, "tag set conflicts", exact_traffic=False)
+    assert res["stats"]["rows_read"] > 12, res["stats"]
+
+
+@cocotb.test()
+async def test_errors(dut):
+    """Each validation error ends before any write and the next command succeeds."""
+    bench, rng = await setup(dut, seed_offset=4)
+    wl = Workload(bench, [(50, 16, "sum"), (30, 32, "weighted_sum")], rng)
+
+    async def expect_error(args, cmd_patch, descs, code, info, what):
+        cmd = wl.place(args)
+        cmd.update(cmd_patch)
+        before = bench.mem.copy()
+        res = await bench.run(cmd, descs)
+        assert (res["error"], res["error_info"]) == (code.value, info), \
+            f"{what}: got error {res['error']} info {res['error_info']:#x}, expected {code} {info:#x} (seed {SEED})"
+        assert bench.lines_written == 0 and np.array_equal(before, bench.mem), f"{what}: memory written"
+        good = wl.batch(4, uniform_bags(rng, 1, 4), rows_with_dups(rng, wl))
+        await run_and_check(bench, wl, good, f"good command after {what}")
+
+    # offsets[5] < offsets[4]
+    args = wl.batch(4, lambda t, b: 3, rows_with_dups(rng, wl))
+    args["offsets"][5] = args["offsets"][4] - 1
+    await expect_error(args, {}, wl.descs, NdpError.OFFSETS, 5, "decreasing offsets")
+    # a bag longer than 65535 (the divider's range), caught in the offsets
+    args = wl.batch(4, lambda t, b: 1, rows_with_dups(rng, wl))
+    args["offsets"][3:] += 70000
+    await expect_error(args, {}, wl.descs, NdpError.OFFSETS, 3, "bag too long")
+    # index >= rows in table 1 (rows = 30)
+    args = wl.batch(4, lambda t, b: 3, rows_with_dups(rng, wl))
+    pos = int(args["offsets"][4]) + 4
+    args["indices"][pos] = 30
+    await expect_error(args, {}, wl.descs, NdpError.INDEX_RANGE, pos, "index out of range")
+    # the indices array (24 indices: 2 lines) runs past capacity
+    args = wl.batch(4, lambda t, b: 3, rows_with_dups(rng, wl))
+    await expect_error(args, {"indices_addr": CAPACITY - 1}, wl.descs, NdpError.ADDRESS, AddressFault.INDICES,
+                       "indices outside")
+    # the offsets array starts past capacity
+    await expect_error(args, {"offsets_addr": CAPACITY}, wl.descs, NdpError.ADDRESS, AddressFault.OFFSETS,
+                       "offsets outside")
+    # table 1's rows run past capacity
+    descs = [dict(d) for d in wl.descs]
+    descs[1]["base_addr"] = CAPACITY - 10
+    await expect_error(args, {}, descs, NdpError.ADDRESS, AddressFault.TABLE_ROWS + 1, "table outside")
+    # the gradients of the last bag run past capacity: table 0's end just fits, table 1's does not
+    await expect_error(args, {"grad_addr": CAPACITY - 4 * wl.pitch + 1}, wl.descs, NdpError.ADDRESS,
+                       AddressFault.GRADIENTS, "gradients outside")
+
+
+@cocotb.test()
+async def test_media_error(dut):
+    """A poisoned row read ends the command with MEDIA; the engine then works again."""
+    bench, rng = await setup(dut, seed_offset=5)
+    wl = Workload(bench, [(60, 16, "sum"), (40, 32, "mean")], rng)
+    args = wl.batch(8, lambda t, b: 4, rows_with_dups(rng, wl))
+    victim = wl.descs[1]["base_addr"] + 2 * int(args["indices"][args["offsets"][8 + 3]])
+    bench.poison.add(victim)
+    cmd = wl.place(args)
+    res = await bench.run(cmd, wl.descs)
+    assert (res["error"], res["error_info"]) == (NdpError.MEDIA.value, 5 << 24), res
+    bench.poison.clear()
+    wl.resync()                       # the rows of the failed batch are undefined
+    for k in range(2):
+        good = wl.batch(6, uniform_bags(rng, 1, 5), rows_with_dups(rng, wl))
+        await run_and_check(bench, wl, good, f"good command {k} after MEDIA")
+    # poisoned index line: caught in validation, nothing written
+    args = wl.batch(8, lambda t, b: 4, rows_with_dups(rng, wl))
+    cmd = wl.place(args)
+    bench.poison.add(cmd["indices_addr"] + 1)
+    before = bench.mem.copy()
+    res = await bench.run(cmd, wl.descs)
+    assert (res["error"], res["error_info"]) == (NdpError.MEDIA.value, 2 << 24), res
+    assert np.array_equal(before, bench.mem)
+    bench.poison.clear()
+    # a row write-back answered with an error (the last batch's rows are written at the end)
+    args = wl.batch(8, lambda t, b: 4, rows_with_dups(rng, wl))
+    bench.write_errors.add(wl.descs[0]["base_addr"] + int(args["indices"][0]))
+    res = await bench.run(wl.place(args), wl.descs)
+    assert (res["error"], res["error_info"]) == (NdpError.MEDIA.value, 6 << 24), res
+    bench.write_errors.clear()
+    wl.resync()
+    good = wl.batch(6, uniform_bags(rng, 1, 5), rows_with_dups(rng, wl))
+    await run_and_check(bench, wl, good, "good command after a write error")
+
+
+@cocotb.test()
+async def test_perf(dut):
+    """Cycles per occurrence with the PMEM-like memory (hot row, random rows, Zipf rows).
+
+    ``*_marginal``: the difference between two batch sizes divided by the extra occurrences
+    (the steady state, without the fixed cost of validation, first fills and the last writes).
+    """
+    bench, rng = await setup(dut, model="pmem", seed_offset=6)
+    figures = {}
+
+    async def measure(wl, B, L, pick, what, exact=False):
+        args = wl.batch(B, lambda t, b: L, pick)
+        res = await run_and_check(bench, wl, args, what, exact_traffic=exact)
+        return res
+
+    wl = Workload(bench, [(16, 16, "sum")], rng)
+    small = await measure(wl, 1, 100, lambda t, n: [5] * n, "perf hot row dim 16 (100)", exact=True)
+    big = await measure(wl, 4, 100, lambda t, n: [5] * n, "perf hot row dim 16 (400)", exact=True)
+    figures["hot_row_dim16_cycles_per_occ"] = big["cycles"] / 400
+    figures["hot_row_dim16_marginal"] = (big["cycles"] - small["cycles"]) / 300
+    wlw = Workload(bench, [(16, 32, "weighted_sum")], rng, base=wl.args + 64)
+    small = await measure(wlw, 1, 100, lambda t, n: [7] * n, "perf hot row dim 32 weighted (100)", exact=True)
+    big = await measure(wlw, 4, 100, lambda t, n: [7] * n, "perf hot row dim 32 weighted (400)", exact=True)
+    figures["hot_row_dim32_weighted_marginal"] = (big["cycles"] - small["cycles"]) / 300
+
+    wl2 = Workload(bench, [(20000, 16, "sum")], rng, base=wlw.args + 64)
+    pick = lambda t, n: rng.integers(0, 20000, n)                        # noqa: E731
+    small = await measure(wl2, 64, 8, pick, "perf random dim 16 (512)")
+    big = await measure(wl2, 512, 8, pick, "perf random dim 16 (4096, overflows)")
+    figures["random_dim16_cycles_per_occ_512"] = small["cycles"] / 512
+    figures["random_dim16_cycles_per_occ_4096"] = big["cycles"] / 4096
+    figures["random_dim16_marginal"] = (big["cycles"] - small["cycles"]) / (4096 - 512)
+    figures["random_dim16_max_reads_in_flight"] = big["max_reads_out"]
+    wl3 = Workload(bench, [(4000, 64, "weighted_sum")], rng, base=wl2.args + 64)
+    res = await measure(wl3, 64, 8, lambda t, n: rng.integers(0, 4000, n), "perf random dim 64 weighted (512)")
+    figures["random_dim64_weighted_cycles_per_occ"] = res["cycles"] / 512
+    figures["random_dim64_weighted_max_reads_in_flight"] = res["max_reads_out"]
+    zipf = np.minimum(rng.zipf(1.2, 4096), 2000) - 1
+    wl4 = Workload(bench, [(2000, 32, "sum")], rng, base=wl3.args + 64)
+    it = iter(zipf)
+    res = await measure(wl4, 128, 32, lambda t, n: [next(it) for _ in range(n)], "perf zipf dim 32 (4096)")
+    figures["zipf_dim32_cycles_per_occ"] = res["cycles"] / 4096
+    figures["zipf_dim32_rows_read"] = res["stats"]["rows_read"]
+    print("PERF", json.dumps(figures))
+    if os.environ.get("UE_PERF_JSON"):
+        with open(os.environ["UE_PERF_JSON"], "w") as f:
+            json.dump(figures, f)
+    assert figures["hot_row_dim16_marginal"] < 5.5, figures
+    assert figures["random_dim16_marginal"] < 4.5, figures

@@ -1,0 +1,203 @@
+"""``trainingcxl run``: a DLRM model's embedding phase on the RTL, verified bit-exactly, with figures.
+
+  trainingcxl run --model M --config cxl-d --phase embedding --batches N --json FILE
+                  [--seed S] [--rows-cap R] [--batch-size B] [--out host|device]
+
+Steps: generate the trace (sim/model/trace.py ``generate_trace`` with the knobs; the seed
+also seeds the initial tables and the gradients); plan the device-memory layout
+(sim/bfm/ndp_host.py ``plan_layout``) on the default simulation device
+(``DeviceConfig.for_simulation()``), or, only when the model does not fit there, on the
+smallest larger one (each distinct device is a separate Verilator build of a few minutes);
+build the harness; run every batch's LOOKUP then UPDATE on the RTL through the cocotb test
+``embedding_run`` (sim/tb/ndp_run_tb.py), which checks every pooled vector and every
+updated row against the golden model; write the JSON and print a table.
+
+JSON keys (the contract): ``verified`` (every check passed), ``model``, ``config``,
+``phase``, ``seed``, ``knobs`` (rows_cap, batch_size, batches, out), ``lookups`` (index
+occurrences), ``lines_read`` (media lines the LOOKUPs read, from their completions),
+``cycles_lookup`` / ``cycles_update`` (sum of the completions' cycle counts: descriptor
+fetch to durable completion), ``bound_cycles_lookup`` / ``bound_cycles_update``,
+``lookup_efficiency`` / ``update_efficiency`` (bound / cycles), ``durable_cycles_*`` (the
+same plus the completion write until durable: NDP_LAST_CYCLES), ``sim_cycles_per_second``
+(simulated cycles per wall second over the batch loop, backdoor loads and golden model
+included),
+``batches`` (the same figures per batch plus per-channel media counts), ``lookup_stats`` /
+``update_stats`` (the engines' completion stats summed), ``device`` (the DeviceConfig),
+``wall_seconds``, ``error`` (when not verified).
+
+Bound: for each command, max over channels c of (reads_c * RD_COST_Q8 + writes_c *
+WR_COST_Q8) / 256, the busiest channel's media occupancy in cycles (pmem_media
+stat_reads / stat_writes sampled before and after the command; RD/WR_COST_Q8 from
+sim/model/pmem_params.py), and for a LOOKUP that pushes its outputs over CXL.cache at least
+its pushed lines (the D2H data channel moves one line per cycle); a phase's bound is the
+sum over its commands. ``bound_source`` says whether the media counters were visible
+("media-counters") or the engines' line counts spread evenly over the channels were used
+("engine-stats-even-spread", a lower bound of the same figure).
+
+Only ``--config cxl-d`` and ``--phase embedding`` run today; the other configurations and
+phases come with the system harness and the checkpoint issues.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+CONFIGS = ("pmem", "pcie", "cxl-d", "cxl-b", "cxl")
+PHASES = ("embedding", "training")
+MAX_LINES_PER_CHANNEL = 1 << 21       # 4 channels x 128 MiB: the largest media we simulate
+
+
+class RunError(Exception):
+    """A bad request, reported as one line (exit code 2)."""
+
+
+def choose_device(trace, out: str):
+    """(DeviceConfig, layout): the default simulation device if the model fits, else the
+    smallest larger one (powers of two up to MAX_LINES_PER_CHANNEL per channel)."""
+    from hw.config import DeviceConfig
+    from sim.bfm.ndp_host import LayoutError, plan_layout, tables_from_manifest
+    m = trace.manifest
+    max_indices = max(int(b.indices.size) for b in trace.batches)
+    default = DeviceConfig.for_simulation()
+    lines = default.lines_per_channel
+    first_error = None
+    while lines <= MAX_LINES_PER_CHANNEL:
+        cfg = default if lines == default.lines_per_channel else DeviceConfig.for_simulation(lines_per_channel=lines)
+        try:
+            layout = plan_layout(tables_from_manifest(m), batch_size=m["batch_size"], max_indices=max_indices,
+                                 capacity_lines=cfg.capacity_lines, has_weights=m["has_weights"],
+                                 outputs_in_device=out == "device")
+            return cfg, layout
+        except LayoutError as e:
+            first_error = first_error or e
+            last_error = e
+        lines *= 2
+    raise RunError(f"{last_error} (tried devices up to {4 * MAX_LINES_PER_CHANNEL * 64 >> 20} MiB; "
+                   f"on the default {default.capacity_bytes >> 20} MiB device: {first_error})")
+
+
+def run_embedding(args) -> dict:
+    from sim import runner
+    from sim.harness import TOPLEVEL, build_harness
+    from sim.model.dlrm import get_preset
+    from sim.model.trace import TraceKnobs, generate_trace, summarize, write_trace
+
+    preset = get_preset(args.model)
+    if preset.optimizer.name != "sgd":
+        raise RunError(f"model {args.model} trains with {preset.optimizer.name}; the device's UPDATE is SGD "
+                       f"(row-wise Adagrad comes with a later issue)")
+    knobs = TraceKnobs(rows_cap=args.rows_cap, batch_size=args.batch_size)
+    t0 = time.perf_counter()
+    trace = generate_trace(preset, args.batches, args.seed, knobs)
+    cfg, layout = choose_device(trace, args.out)
+    s = summarize(trace)
+    print(f"model {args.model}: {s['tables']} tables, batch {s['batch_size']}, {s['batches']} batches, "
+          f"{s['lookups']} lookups; device {cfg.capacity_bytes >> 20} MiB "
+          f"({cfg.lines_per_channel} lines per channel), tables at lines "
+          f"{layout.table_regions[0].base}..{layout.table_regions[-1].end - 1}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_path = write_trace(pathlib.Path(tmp) / "trace.npz", trace)
+        result_path = pathlib.Path(tmp) / "result.json"
+        print(f"building the Verilator model ({cfg.channels} channels, {cfg.capacity_bytes >> 20} MiB)...",
+              flush=True)
+        bdir = build_harness(cfg)
+        env = {"TCXL_CONFIG": json.dumps(cfg.__dict__), "TCXL_RESULT_JSON": str(result_path),
+               "TCXL_SEED": str(args.seed), "TCXL_TRACE": str(trace_path), "TCXL_RUN_OUT": args.out}
+        print(f"running {args.batches} batches (LOOKUP + UPDATE each)...", flush=True)
+        error = None
+        try:
+            runner.run(bdir, TOPLEVEL, "sim.tb.ndp_run_tb", "embedding_run", env=env)
+        except RuntimeError as exc:
+            error = str(exc)
+        if not result_path.exists():
+            raise RunError(f"the simulation produced no result ({error or 'no error reported'})")
+        result = json.loads(result_path.read_text())
+    if error and "error" not in result:
+        result["error"] = error
+    result["verified"] = bool(result.get("verified")) and error is None
+    result.update({"model": args.model, "config": args.config, "phase": args.phase,
+                   "knobs": {"rows_cap": args.rows_cap, "batch_size": trace.batch_size, "batches": args.batches,
+                             "out": args.out},
+                   "trace": s, "device": dict(cfg.__dict__), "wall_seconds": round(time.perf_counter() - t0, 1)})
+    return result
+
+
+SUMMARY_KEYS = ("verified", "model", "seed", "lookups", "lines_read", "cycles_lookup", "bound_cycles_lookup",
+                "lookup_efficiency", "cycles_update", "bound_cycles_update", "update_efficiency",
+                "sim_cycles_per_second", "bound_source", "wall_seconds", "error")
+BATCH_COLUMNS = ("batch", "lookups", "unique_rows", "cycles_lookup", "bound_cycles_lookup", "lookup_efficiency",
+                 "cycles_update", "bound_cycles_update", "update_efficiency")
+
+
+def format_result(result: dict) -> str:
+    rows = {k: result[k] for k in SUMMARY_KEYS if k in result}
+    for phase in ("lookup", "update"):
+        for k, v in (result.get(f"{phase}_stats") or {}).items():
+            rows[f"{phase}.{k}"] = v
+    width = max(len(k) for k in rows)
+    title = f"trainingcxl run: {result.get('model')} {result.get('config')} {result.get('phase')}"
+    lines = [title, "-" * len(title)]
+    for k, v in rows.items():
+        lines.append(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    batches = result.get("batches") or []
+    if batches:
+        lines += ["", "  ".join(f"{c:>{max(len(c), 8)}}" for c in BATCH_COLUMNS)]
+        for b in batches:
+            lines.append("  ".join(f"{b.get(c)!s:>{max(len(c), 8)}}" for c in BATCH_COLUMNS))
+    return "\n".join(lines)
+
+
+def cmd_run(args) -> int:
+    if args.config != "cxl-d":
+        print(f"error: --config {args.config} comes with the system harness (a later issue); only cxl-d runs now",
+              file=sys.stderr)
+        return 2
+    if args.phase != "embedding":
+        print(f"error: --phase {args.phase} comes with the MLP/checkpoint issues; only --phase embedding runs now",
+              file=sys.stderr)
+        return 2
+    if args.batches < 1:
+        print("error: --batches must be at least 1", file=sys.stderr)
+        return 2
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 31)
+    print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
+    try:
+        result = run_embedding(args)
+    except (RunError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_result(result))
+    if args.json:
+        path = pathlib.Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {path}")
+    return 0 if result["verified"] else 1
+
+
+def add_run_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``run`` on an argparse subparsers object; returns the new parser."""
+    p = subparsers.add_parser("run", help="a model's embedding phase on the RTL, verified, with figures (JSON)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="DLRM preset: rm1 rm2 rm3 rm4 kaggle terabyte rm-tiny")
+    p.add_argument("--config", default="cxl-d", choices=CONFIGS, help="system configuration (only cxl-d today)")
+    p.add_argument("--phase", default="embedding", choices=PHASES, help="what to run (only embedding today)")
+    p.add_argument("--batches", type=int, required=True, help="number of batches")
+    p.add_argument("--json", help="write the result here")
+    p.add_argument("--seed", type=lambda x: int(x, 0), default=None, help="trace, table and gradient seed")
+    p.add_argument("--rows-cap", type=int, default=None, help="cap every table at R rows")
+    p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the model's)")
+    p.add_argument("--out", choices=("device", "host"), default="host",
+                   help="pooled outputs to host memory over CXL.cache (CXL-D) or to device memory")
+    p.set_defaults(func=cmd_run)
+    return p
