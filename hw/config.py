@@ -21,7 +21,8 @@ class DeviceConfig:
     entries of the bias table (1 MiB pages in the 64 GiB default, 4 KiB in simulation).
     lookup_units / lookup_rob_depth: the lookup engine's reduce units and the row lines each
     keeps in flight (hw/ndp/lookup.py). update_scratch_lines: the update engine's row
-    scratchpad in lines (hw/ndp/update.py).
+    scratchpad in lines (hw/ndp/update.py). log_set_entries: the undo-log engine's
+    deduplication set, in (table, row) keys (hw/checkpoint/undo_log.py).
     """
     channels: int = 4
     capacity_bytes: int = 64 << 30          # 4 x 16 GiB: an Alveo U200's four DDR4 channels
@@ -37,6 +38,7 @@ class DeviceConfig:
     lookup_units: int = 3                   # LOOKUP reduce units (16 FP32 lanes and a memory port each)
     lookup_rob_depth: int = 128             # row lines in flight per lookup unit
     update_scratch_lines: int = 1024        # UPDATE row scratchpad (64 KiB)
+    log_set_entries: int = 4096             # LOG: distinct rows tracked per pass
 
     def __post_init__(self):
         def pow2(x):

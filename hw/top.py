@@ -12,12 +12,13 @@ Ports (architecture.md §3; one clock domain ``sync``, active-high synchronous r
   port (hw/cxl_controller/cache_port.py), so a testbench can stand in for the engines.
 - ``irq``: level; STATUS & IRQ_ENABLE, cleared by writing STATUS.
 
-Later blocks (CXL.cache agent, NDP engines, checkpoint engines) join the memory port through
-an arbiter in front of the interleaver; the CXL.mem target is its only client today.
+Memory: port 0 of the interleaver is shared (``SHARED_PORT_CLIENTS`` behind a round-robin
+MemPortArbiter); each lookup unit has a port of its own. The CXL.cache agent's internal port
+is shared by the test port, the bias engine and the NDP engines (lookup push, MLP log).
 """
 from types import SimpleNamespace
 
-from amaranth import Module, Cat
+from amaranth import Module, Cat, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -32,6 +33,11 @@ from .cxl_controller.cxl_cache import CxlCacheAgent
 from .cxl_controller.cxl_mem import CxlMemTarget, CTX
 from .mem.arbiter import MemPortArbiter, connect_port
 from .mem.interleave import MemoryInterleaver
+from .checkpoint.log_format import LogRegion
+from .checkpoint.mlp_log import MlpLogEngine
+from .checkpoint.recovery import RecoveryEngine
+from .checkpoint.undo_log import UndoLogEngine
+from .cxl_controller.cache_port import EngineCachePortMerge
 from .ndp.lookup import LookupEngine
 from .ndp.processor import CommandProcessor
 from .ndp.update import UpdateEngine
@@ -69,7 +75,9 @@ CACHE_EVENT_COUNTERS = {
 
 
 # Clients of the shared memory port 0 (the lookup units have ports of their own).
-SHARED_PORT_CLIENTS = ("cxl_mem", "processor", "lookup_feeder", "update")
+SHARED_PORT_CLIENTS = ("cxl_mem", "processor", "lookup_feeder", "update", "undo_log", "mlp_log", "recovery")
+# Clients of the NDP engines' CXL.cache port (EngineCachePortMerge: each gets an id range).
+ENGINE_CACHE_CLIENTS = ("lookup_push", "mlp_log")
 
 
 class TrainingCxlDevice(wiring.Component):
@@ -81,7 +89,15 @@ class TrainingCxlDevice(wiring.Component):
                                     id_base=ENGINE_ID_BASE)
         self._update = UpdateEngine(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines,
                                     scratch_lines=config.update_scratch_lines)
-        shared_ctx = max(CTX.size, self._processor.ctx_bits, self._lookup.feed_ctx_bits, self._update.ctx_bits)
+        self._cache_merge = EngineCachePortMerge(clients=len(ENGINE_CACHE_CLIENTS))
+        self._undo_log = UndoLogEngine(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines,
+                                       set_entries=config.log_set_entries)
+        self._mlp_log = MlpLogEngine(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines,
+                                     id_base=self._cache_merge.id_base(ENGINE_CACHE_CLIENTS.index("mlp_log")))
+        self._recovery = RecoveryEngine(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines)
+        assert self._cache_merge.id_base(0) == ENGINE_ID_BASE and config.lookup_units <= self._cache_merge.span
+        shared_ctx = max(CTX.size, self._processor.ctx_bits, self._lookup.feed_ctx_bits, self._update.ctx_bits,
+                         self._undo_log.ctx_bits, self._mlp_log.ctx_bits, self._recovery.ctx_bits)
         self._shared = MemPortArbiter(clients=len(SHARED_PORT_CLIENTS), addr_bits=config.addr_bits,
                                       ctx_bits=shared_ctx)
         self._mem = MemoryInterleaver(
@@ -144,14 +160,39 @@ class TrainingCxlDevice(wiring.Component):
         m.submodules.shared_port = shared = self._shared
         tgt_port = SimpleNamespace(req=tgt.mem_req, rd_rsp=tgt.mem_rd_rsp, wr_rsp=tgt.mem_wr_rsp)
         m.submodules.update = update = self._update
-        for i, client in enumerate((tgt_port, proc.mem, lookup.feed_mem, update.mem)):
+        m.submodules.undo_log = undo_log = self._undo_log
+        m.submodules.mlp_log = mlp_log = self._mlp_log
+        m.submodules.recovery = recovery = self._recovery
+        shared_clients = (tgt_port, proc.mem, lookup.feed_mem, update.mem, undo_log.mem, mlp_log.mem, recovery.mem)
+        assert len(shared_clients) == len(SHARED_PORT_CLIENTS)
+        for i, client in enumerate(shared_clients):
             connect_port(m, client, shared.clients[i])
         connect_port(m, shared.mem, mem.clients[0])
         for u in range(cfg.lookup_units):
             connect_port(m, lookup.unit_mem[u], mem.clients[1 + u])
         wiring.connect(m, proc.lookup, lookup.ctl)
         wiring.connect(m, proc.update, update.ctl)
-        wiring.connect(m, lookup.push, mux.engines)
+        wiring.connect(m, proc.log, undo_log.ctl)
+        wiring.connect(m, proc.mlp_log, mlp_log.ctl)
+        wiring.connect(m, proc.recover, recovery.ctl)
+        m.submodules.engine_cache = merge = self._cache_merge
+        wiring.connect(m, lookup.push, merge.clients[ENGINE_CACHE_CLIENTS.index("lookup_push")])
+        wiring.connect(m, mlp_log.cache, merge.clients[ENGINE_CACHE_CLIENTS.index("mlp_log")])
+        wiring.connect(m, merge.engines, mux.engines)
+        # Checkpoint geometry (CKPT_* CSRs) and the last RECOVER's result.
+        region = Signal(LogRegion)
+        m.d.comb += [
+            region.log_base.eq(csr.ckpt_log_base), region.slot_lines.eq(csr.ckpt_slot_lines),
+            region.mlp_base.eq(csr.ckpt_mlp_base), region.mlp_lines.eq(csr.ckpt_mlp_lines),
+            region.mlp_host_addr.eq(Cat(csr.ckpt_mlp_addr_lo, csr.ckpt_mlp_addr_hi_addr)),
+            proc.region.eq(region), undo_log.region.eq(region), mlp_log.region.eq(region),
+            recovery.region.eq(region),
+            csr.ckpt_recovered_emb.eq(recovery.emb_batches), csr.ckpt_recovered_mlp.eq(recovery.mlp_batch),
+            csr.ckpt_recover_status_emb_valid.eq(recovery.emb_valid),
+            csr.ckpt_recover_status_mlp_valid.eq(recovery.mlp_valid),
+            csr.ckpt_recover_status_rolled_back.eq(recovery.rolled_back),
+            csr.ckpt_recover_status_mlp_slot.eq(recovery.mlp_slot),
+        ]
         m.d.comb += [
             proc.sq_base.eq(csr.ndp_sq_base), proc.cq_base.eq(csr.ndp_cq_base),
             proc.size_log2.eq(csr.ndp_ring_size_log2), proc.sq_tail.eq(csr.ndp_sq_tail_tail),

@@ -1,9 +1,11 @@
 """NDP command path: the host driver's pure parts, and the RTL through cocotb (sim/tb/ndp_tb.py).
 
 Pure Python (no simulator): the device-memory layout planner, descriptor / completion / array
-packing through the Amaranth layouts, the bound arithmetic and the ``trainingcxl run``
-argument handling. RTL (marked ``sim``): random rm-tiny LOOKUP + UPDATE for both output
-destinations, every bad-input case, the update scratchpad overflow, and ``trainingcxl run``
+packing through the Amaranth layouts, the checkpoint commands (LOG, UPDATE with
+flags.checkpoint, MLP_LOG, RECOVER), the log regions of the layout and the CKPT_* CSR helpers
+(on a fake env), the bound arithmetic and the ``trainingcxl run`` argument handling.
+RTL (marked ``sim``): random rm-tiny LOOKUP + UPDATE for both output destinations, every
+bad-input case, the update scratchpad overflow, and ``trainingcxl run``
 end to end on rm-tiny. Replay a random test with TCXL_SEED=<seed> pytest tests/test_ndp.py -k <name>.
 """
 from __future__ import annotations
@@ -17,8 +19,10 @@ import pytest
 from conftest import run_cocotb
 from hw.ndp.command import MAX_TABLES, NdpError, NdpOpcode, PoolMode
 from sim.bfm.ndp_host import (COMMAND, COMPLETION, FLAGS, STATS, TABLE, LayoutError, NdpCommand, NdpCompletion,
-                              NdpTable, array_to_lines, f32_bits, lines_for, lines_to_array, lookup_command,
-                              plan_layout, tables_from_manifest, update_command)
+                              NdpTable, array_to_lines, f32_bits, lines_for, lines_to_array, log_command,
+                              lookup_command, mlp_log_command, mlp_log_commands, plan_layout, recover_command,
+                              tables_from_manifest, update_command)
+from sim.model.checkpoint import REGION, CheckpointRegion
 from sim.model.dlrm import get_preset
 from sim.model.trace import TraceKnobs, generate_trace
 
@@ -130,15 +134,140 @@ def test_commands_pack_every_field():
     assert (f["tables_addr"], f["offsets_addr"], f["indices_addr"], f["weights_addr"], f["grad_addr"]) == \
         (lay.table_descs.base, lay.offsets.base, lay.indices.base, lay.weights.base, lay.grads.base)
     assert f["lr"] == f32_bits(0.05) == int(np.float32(0.05).view(np.uint32))
-    assert FLAGS.unpack(f["flags"]) == {"out_to_host": 0, "has_weights": 1, "reserved": 0}
+    assert FLAGS.unpack(f["flags"]) == {"out_to_host": 0, "has_weights": 1, "checkpoint": 0, "mlp_slot": 0,
+                                        "reserved": 0}
     lk = lookup_command(lay, has_weights=False, out_line=1 << 30, out_to_host=True, tag=7)
     f = COMMAND.unpack(lk.pack())
     assert f["opcode"] == NdpOpcode.LOOKUP.value and f["out_addr"] == 1 << 30 and f["weights_addr"] == 0
     assert FLAGS.unpack(f["flags"])["out_to_host"] == 1 and FLAGS.unpack(f["flags"])["has_weights"] == 0
     assert COMMAND.unpack(lk.replace(opcode=0xFF).pack())["opcode"] == 0xFF
-    assert lk.replace(opcode=3).name == "opcode 0x3" and lk.name == "LOOKUP"
+    assert lk.replace(opcode=6).name == "opcode 0x6" and lk.name == "LOOKUP"
     with pytest.raises(ValueError):
         NdpCommand(NdpOpcode.LOOKUP, 1, 1, 1 << 32, 0, 0, 1).pack()
+
+
+def test_checkpoint_commands_pack_through_the_codec():
+    lay = plan_layout(TINY, batch_size=4, max_indices=64, capacity_lines=1 << 14, emb_log=True)
+    log = log_command(lay, 0xFFFF_0005, has_weights=True, tag=0x77)
+    f = COMMAND.unpack(log.pack())
+    assert f["opcode"] == NdpOpcode.LOG.value and f["batch"] == 0xFFFF_0005 and f["tag"] == 0x77
+    assert (f["num_tables"], f["batch_size"], f["tables_addr"], f["offsets_addr"], f["indices_addr"],
+            f["weights_addr"]) == (4, 4, lay.table_descs.base, lay.offsets.base, lay.indices.base, lay.weights.base)
+    assert FLAGS.unpack(f["flags"])["checkpoint"] == 0
+    up = update_command(lay, lr=0.5, has_weights=False, checkpoint_batch=9, tag=3)
+    f = COMMAND.unpack(up.pack())
+    assert f["opcode"] == NdpOpcode.UPDATE.value and f["batch"] == 9 and f["grad_addr"] == lay.grads.base
+    assert FLAGS.unpack(f["flags"]) == {"out_to_host": 0, "has_weights": 0, "checkpoint": 1, "mlp_slot": 0,
+                                        "reserved": 0}
+    plain = COMMAND.unpack(update_command(lay, lr=0.5, has_weights=False).pack())
+    assert plain["batch"] == 0 and FLAGS.unpack(plain["flags"])["checkpoint"] == 0
+    mlp = mlp_log_command(12, 100, 25, 1, tag=0xABCD)
+    f = COMMAND.unpack(mlp.pack())
+    assert (f["opcode"], f["batch"], f["mlp_offset"], f["mlp_count"], f["tag"]) == \
+        (NdpOpcode.MLP_LOG.value, 12, 100, 25, 0xABCD)
+    assert FLAGS.unpack(f["flags"])["mlp_slot"] == 1 and f["num_tables"] == 0 and f["tables_addr"] == 0
+    rec = COMMAND.unpack(recover_command(tag=5).pack())
+    assert rec["opcode"] == NdpOpcode.RECOVER.value and rec["tag"] == 5 and rec["flags"] == 0
+    for cmd in (log, up, mlp, recover_command(tag=5), lookup_command(lay, has_weights=False, tag=1)):
+        assert NdpCommand.unpack(cmd.pack()) == cmd
+        assert NdpCommand.unpack(cmd.pack()).pack() == cmd.pack()
+    assert NdpCommand.unpack(log.replace(opcode=0xEE).pack()).opcode == 0xEE
+    with pytest.raises(ValueError):
+        mlp_log_command(1 << 32, 0, 1, 0).pack()
+    with pytest.raises(ValueError):
+        mlp_log_command(0, 0, 1, 2).pack()
+
+
+def test_mlp_log_commands_cover_the_image_in_chunks():
+    cmds = mlp_log_commands(7, 425, 0, chunks=4, tag=10)
+    assert [(c.mlp_offset, c.mlp_count) for c in cmds] == [(0, 106), (106, 106), (212, 106), (318, 107)]
+    assert {c.batch for c in cmds} == {7} and [c.tag for c in cmds] == [10, 11, 12, 13]
+    assert [(c.mlp_offset, c.mlp_count) for c in mlp_log_commands(1, 3, 1)] == [(0, 3)]
+    with pytest.raises(ValueError):
+        mlp_log_commands(1, 3, 0, chunks=4)
+
+
+def test_layout_reserves_checkpoint_logs():
+    plain = plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14)
+    assert plain.emb_log is None and plain.mlp_log is None and plain.log_region is None
+    lay = plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14, emb_log=True, mlp_log_lines=425,
+                      mlp_host_line=1 << 40)
+    regions = lay.regions()
+    for a, b in zip(regions, regions[1:]):
+        assert a.end <= b.base, (a, b)
+    assert [r.name for r in regions[-3:]] == ["emb_log", "mlp_log", "free"] and regions[-1].end == 1 << 14
+    assert lay.emb_log.base == lay.table_regions[-1].end
+    assert lay.slot_lines == 2 + 50 * (1 + 2) and lay.emb_log.lines == 2 * lay.slot_lines   # every index distinct
+    assert lay.mlp_lines == 425 and lay.mlp_log.lines == 2 * 426
+    assert lay.free.lines == plain.free.lines - lay.emb_log.lines - lay.mlp_log.lines
+    r = lay.log_region
+    assert r == CheckpointRegion(lay.emb_log.base, lay.slot_lines, lay.mlp_log.base, 425, 1 << 40)
+    assert REGION.unpack(r.pack()) == {"log_base": r.log_base, "slot_lines": r.slot_lines, "mlp_base": r.mlp_base,
+                                       "mlp_lines": 425, "mlp_host_addr": 1 << 40}
+    assert r.emb_slot(3) == lay.emb_log.base + lay.slot_lines and r.mlp_slot(1) == lay.mlp_log.base + 426
+    from sim.model.checkpoint import entries_lines, expected_log_entries
+    tables = [np.full((spec.rows, spec.dim), i, np.float32) for i, spec in enumerate(TINY)]
+    indices = np.array([3, 3, 9, 1, 1, 0, 7, 7, 7, 2, 3, 5] + [0] * 38, np.uint32)   # 50 indices, worst case fits
+    offsets = np.array([0, 2, 3, 3, 5, 6, 6, 9, 9, 10, 10, 11, 12, 20, 30, 40, 50], np.uint32)
+    exp = expected_log_entries(tables, offsets, indices, 4, lay)
+    assert set(exp) == {(0, 3), (0, 9), (0, 1), (1, 0), (1, 7), (2, 2), (2, 3), (2, 5), (3, 0)}
+    assert exp[(1, 7)].row_addr == lay.row_line(1, 7) and exp[(1, 7)].dim_lines == 2
+    assert 2 + entries_lines(exp) <= lay.slot_lines
+    capped = plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14, emb_log=True, log_max_rows=7)
+    assert capped.slot_lines == 2 + 7 * 3 and capped.mlp_log is None and capped.log_region.mlp_lines == 0
+    only_mlp = plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14, mlp_log_lines=3)
+    assert only_mlp.emb_log is None and only_mlp.log_region.slot_lines == 0
+    with pytest.raises(LayoutError, match="needs"):
+        plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14, mlp_log_lines=1 << 13)
+    with pytest.raises(LayoutError, match="log_max_rows"):
+        plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14, emb_log=True, log_max_rows=-1)
+
+
+class _FakeCsr:
+    def __init__(self, values=None):
+        self.writes, self.values = [], dict(values or {})
+
+    async def write(self, name, value):
+        self.writes.append((name, value))
+
+    async def read(self, name):
+        return self.values.get(name, 0)
+
+
+def _fake_host(layout, csr_values=None):
+    from types import SimpleNamespace
+    from sim.bfm.ndp_host import NdpHost
+    env = SimpleNamespace(config=SimpleNamespace(capacity_lines=layout.capacity_lines, channels=2),
+                          host=SimpleNamespace(listeners=[]), dut=SimpleNamespace(), csr=_FakeCsr(csr_values))
+    return NdpHost(env, layout), env.csr
+
+
+def test_program_checkpoint_and_read_recovery_use_the_ckpt_csrs():
+    import asyncio
+    from hw.cxl_controller.csr_map import field
+    lay = plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14, emb_log=True, mlp_log_lines=9,
+                      mlp_host_line=(0x2A5 << 32) | 0x1234_5678)
+    host, csr = _fake_host(lay)
+    asyncio.run(host.program_checkpoint())
+    r = lay.log_region
+    hi = field("CKPT_MLP_ADDR_HI", "ADDR")
+    assert csr.writes == [("CKPT_LOG_BASE", r.log_base), ("CKPT_SLOT_LINES", r.slot_lines),
+                          ("CKPT_MLP_BASE", r.mlp_base), ("CKPT_MLP_LINES", 9), ("CKPT_MLP_ADDR_LO", 0x1234_5678),
+                          ("CKPT_MLP_ADDR_HI", 0x2A5 << hi.lsb)]
+    csr.writes.clear()
+    asyncio.run(host.program_checkpoint(CheckpointRegion(1, 2, 3, 4, 5), mlp_host_line=6))
+    assert [v for _, v in csr.writes] == [1, 2, 3, 4, 6, 0]
+    with pytest.raises(ValueError, match="does not fit"):
+        asyncio.run(host.program_checkpoint(mlp_host_line=1 << 46))
+    bits = {n: field("CKPT_RECOVER_STATUS", n).lsb for n in ("EMB_VALID", "MLP_VALID", "ROLLED_BACK", "MLP_SLOT")}
+    status = (1 << bits["EMB_VALID"]) | (1 << bits["ROLLED_BACK"]) | (1 << bits["MLP_VALID"]) | (1 << bits["MLP_SLOT"])
+    host, _ = _fake_host(lay, {"CKPT_RECOVERED_EMB": 17, "CKPT_RECOVERED_MLP": 12, "CKPT_RECOVER_STATUS": status})
+    res = asyncio.run(host.read_recovery())
+    assert res.csr_view() == {"emb_valid": 1, "emb_batches": 17, "rolled_back": 1, "mlp_valid": 1, "mlp_batch": 12,
+                              "mlp_slot": 1} and res.error is None
+    plain, _ = _fake_host(plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14))
+    with pytest.raises(ValueError, match="no checkpoint log"):
+        asyncio.run(plain.program_checkpoint())
 
 
 def test_completion_unpacks_error_and_stats():

@@ -22,6 +22,11 @@ Ports
 
 A flip to device bias keeps at most ``window`` ACQUIREs in flight. Assumes the host answers
 each one (MemRdFwd, or GO/GO-Err on CXL.cache).
+
+The request payload is driven outside the FSM, every field unconditionally (``data`` is 0:
+an ACQUIRE carries none): it only matters while ``valid``, and a field that only a constant
+drives in a signal also assigned under ``m.If``/``m.FSM`` becomes a constant-only ``always @*``
+that Verilator never runs (ALWNEVER; tests/test_no_alwnever.py).
 """
 from amaranth import Module, Signal, Mux
 from amaranth.lib import wiring, memory, data
@@ -89,13 +94,7 @@ class BiasTable(wiring.Component):
                         m.d.sync += [self.done_seq.eq(self.flip_seq), self.error.eq(0)]
             with m.State("ACQUIRE"):
                 in_flight = issued - answered
-                m.d.comb += [
-                    self.port.req.valid.eq((issued != lines_per_page) & (in_flight < self.window)),
-                    self.port.req.payload.op.eq(CacheOp.ACQUIRE),
-                    self.port.req.payload.addr.eq(
-                        self.hdm_base + ((page << self.page_line_bits) | issued[:self.page_line_bits])),
-                    self.port.req.payload.id.eq(BIAS_ENGINE_ID),
-                ]
+                m.d.comb += self.port.req.valid.eq((issued != lines_per_page) & (in_flight < self.window))
                 with m.If(self.port.req.valid & self.port.req.ready):
                     m.d.sync += issued.eq(issued + 1)
                 with m.If(answered == lines_per_page):
@@ -103,7 +102,14 @@ class BiasTable(wiring.Component):
                                  self.events.to_device.eq(~failed)]
                     m.d.sync += [self.done_seq.eq(self.flip_seq), self.error.eq(failed)]
                     m.next = "IDLE"
-        m.d.comb += self.port.rsp.ready.eq(1)
+        m.d.comb += [
+            self.port.req.payload.op.eq(CacheOp.ACQUIRE),
+            self.port.req.payload.addr.eq(
+                self.hdm_base + ((page << self.page_line_bits) | issued[:self.page_line_bits])),
+            self.port.req.payload.id.eq(BIAS_ENGINE_ID),
+            self.port.req.payload.data.eq(0),
+            self.port.rsp.ready.eq(1),
+        ]
         with m.If(self.port.rsp.valid):
             m.d.sync += answered.eq(answered + 1)
             with m.If(self.port.rsp.payload.error):

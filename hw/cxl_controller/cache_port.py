@@ -99,3 +99,38 @@ class CachePortMux(wiring.Component):
             with m.If(mine):
                 m.d.comb += rsp.ready.eq(port.ready)
         return m
+
+
+class EngineCachePortMerge(wiring.Component):
+    """The NDP engines' clients share ``CachePortMux.engines``: client i uses the ids
+    ``ENGINE_ID_BASE + i * span`` .. ``+ span - 1`` (``span`` = 0x40 / clients, a power of two).
+    Requests are merged round-robin (combinational); a response goes back to the client
+    whose id range holds its id."""
+
+    def __init__(self, clients: int):
+        assert clients >= 1 and (clients & (clients - 1)) == 0 and clients <= ENGINE_ID_BASE
+        self.n = clients
+        self.span = ENGINE_ID_BASE // clients
+        super().__init__({
+            "clients": In(cache_port_signature()).array(clients),
+            "engines": Out(cache_port_signature()),
+        })
+
+    def id_base(self, client: int) -> int:
+        return ENGINE_ID_BASE + client * self.span
+
+    def elaborate(self, platform):
+        from ..common.stream_util import RoundRobinArbiter
+        m = Module()
+        m.submodules.arb = arb = RoundRobinArbiter(CacheReq, self.n)
+        for i, c in enumerate(self.clients):
+            wiring.connect(m, wiring.flipped(c.req), arb.inputs[i])
+        wiring.connect(m, arb.o, wiring.flipped(self.engines.req))
+        rsp = self.engines.rsp
+        owner = (rsp.payload.id & (ENGINE_ID_BASE - 1)) // self.span
+        for i, c in enumerate(self.clients):
+            mine = owner == i
+            m.d.comb += [c.rsp.payload.eq(rsp.payload), c.rsp.valid.eq(rsp.valid & mine)]
+            with m.If(mine):
+                m.d.comb += rsp.ready.eq(c.rsp.ready)
+        return m

@@ -413,6 +413,28 @@ _MAP = (
     _whole("STAT_NDP_COMMANDS", 0x120, Access.COUNTER, "NDP commands completed (with or without error).",
            sets=("STATUS.NDP_DONE",)),
     _whole("ERR_NDP_COMMAND", 0x124, Access.COUNTER, "NDP commands completed with an error.", sets=_ERR),
+    # --- Checkpoint (0x140-0x17C); log layout in hw/checkpoint/log_format.py ---
+    _whole("CKPT_LOG_BASE", 0x140, Access.RW,
+           "Embedding undo log: device line address of slot 0 (batch k uses slot k mod 2)."),
+    _whole("CKPT_SLOT_LINES", 0x144, Access.RW,
+           "Lines per embedding log slot (2 record lines + entries); LOG fails with LOG_FULL beyond it."),
+    _whole("CKPT_MLP_BASE", 0x148, Access.RW,
+           "MLP log: device line address of slot 0 (two slots of 1 + CKPT_MLP_LINES lines)."),
+    _whole("CKPT_MLP_LINES", 0x14C, Access.RW, "Size of the GPU's MLP parameter image, in 64-byte lines."),
+    _whole("CKPT_MLP_ADDR_LO", 0x150, Access.RW, "Host line address of the MLP parameter image, bits 31:0."),
+    Register("CKPT_MLP_ADDR_HI", 0x154, (
+        Field("ADDR", 0, 14, Access.RW, doc="Host line address of the MLP parameter image, bits 45:32."),
+    ), "MLP parameter image address (high)."),
+    _whole("CKPT_RECOVERED_EMB", 0x158, Access.RO,
+           "After RECOVER: embedding batches applied in the tables (the host resumes at this batch)."),
+    _whole("CKPT_RECOVERED_MLP", 0x15C, Access.RO,
+           "After RECOVER: batch of the newest complete MLP log (parameters after that many batches)."),
+    Register("CKPT_RECOVER_STATUS", 0x160, (
+        Field("EMB_VALID", 0, 1, Access.RO, doc="A valid LOGGED record was found."),
+        Field("MLP_VALID", 1, 1, Access.RO, doc="A valid MLP_LOGGED record was found."),
+        Field("ROLLED_BACK", 2, 1, Access.RO, doc="The newest logged batch was rolled back."),
+        Field("MLP_SLOT", 3, 1, Access.RO, doc="The MLP slot holding the newest complete MLP log."),
+    ), "Result of the last RECOVER command."),
 )
 
 check_map(_MAP)

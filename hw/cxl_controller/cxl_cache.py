@@ -37,6 +37,12 @@ data and its GO, no GO while a snoop to the line is pending). The internal clien
 accepting ``port.rsp``: a fill (and so a snoop waiting for it) waits for its response.
 Latency: a hit answers ``HIT_LATENCY`` cycles after its request handshake (checked by the
 test ``read_for_ownership_then_hits``); a miss adds the host's round trip.
+
+D2H requests never set NT (no non-temporal hint). The D2H request word is assembled with
+unconditional per-field statements from signals that carry the conditional parts: a field
+of a signal assigned under ``m.If`` that only a constant drives (NT) would come out as a
+constant-only ``always @*``, which Verilator never runs (ALWNEVER; see
+hw/cxl_controller/cxl_mem.py and tests/test_no_alwnever.py).
 """
 from amaranth import Module, Signal, Array, Cat, Const, Mux
 from amaranth.lib import stream, wiring, fifo, memory, data, enum
@@ -512,16 +518,22 @@ class CxlCacheAgent(wiring.Component):
 
         # The D2H request of an allocation or an eviction.
         victim_addr = Cat(fe_slot, c_tag_fe.data) if sb else c_tag_fe.data
+        d2h_opcode = Signal(DReq)
+        d2h_addr = Signal(LINE_ADDR_BITS)
         d2h = Signal(D2HReq)
-        m.d.comb += [d2h.cqid.eq(cqid), req_q.w_data.eq(d2h), req_q.w_en.eq(do_alloc | do_evict)]
+        m.d.comb += [
+            # Every field, unconditionally: NT is a real constant driver (ALWNEVER).
+            d2h.opcode.eq(d2h_opcode), d2h.cqid.eq(cqid), d2h.nt.eq(0), d2h.addr.eq(d2h_addr),
+            req_q.w_data.eq(d2h), req_q.w_en.eq(do_alloc | do_evict),
+        ]
         with m.If(do_evict):
             m.d.comb += [
-                d2h.addr.eq(victim_addr),
-                d2h.opcode.eq(Mux(fe_state == Mesi.M, DReq.DIRTY_EVICT, DReq.CLEAN_EVICT)),
+                d2h_addr.eq(victim_addr),
+                d2h_opcode.eq(Mux(fe_state == Mesi.M, DReq.DIRTY_EVICT, DReq.CLEAN_EVICT)),
                 ev.evict_dirty.eq(fe_state == Mesi.M), ev.evict_clean.eq(fe_state != Mesi.M),
             ]
         with m.Else():
-            m.d.comb += d2h.addr.eq(req.addr)
+            m.d.comb += d2h_addr.eq(req.addr)
             with m.Switch(flow):
                 for f, code in ((Flow.RD_SHARED, DReq.RD_SHARED), (Flow.RD_OWN, DReq.RD_OWN),
                                 (Flow.RD_CURR, DReq.RD_CURR),
@@ -530,7 +542,7 @@ class CxlCacheAgent(wiring.Component):
                                 (Flow.CL_FLUSH, DReq.CL_FLUSH), (Flow.EVICT, DReq.DIRTY_EVICT),
                                 (Flow.ACQUIRE, DReq.RD_OWN_NO_DATA)):
                     with m.Case(f):
-                        m.d.comb += d2h.opcode.eq(code)
+                        m.d.comb += d2h_opcode.eq(code)
         m.d.comb += [ev.d2h_req.eq(do_alloc | do_evict), free.r_en.eq(do_alloc | do_evict)]
 
         # Tracker allocation. Write data (WRITE, PUSH*) or the evicted line goes in its buffer.

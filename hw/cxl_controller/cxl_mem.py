@@ -39,6 +39,20 @@ by the test ``idle_read_latency``). Responses may return in any order.
 Ordering: messages are serialized where they are accepted. A read accepted after a write
 to the same line returns the new data (hw/mem guarantees it); a read accepted before a
 write may return either (Req and RwD are unordered in CXL).
+
+Every S2M message carries MetaField No-Op (this device stores no Meta0 state; MetaValue is
+then meaningless and sent as 0) and DevLoad Light.
+
+Constant fields and Verilator (ALWNEVER): when a signal is assigned under ``m.If`` /
+``m.Switch`` anywhere, Amaranth emits it as a Verilog ``reg`` driven by an ``always @*``
+process, and any of its bits that no conditional statement assigns (a field only ever tied
+to a constant, or never assigned) is split off into its own ``always @* sig[..] = const;``.
+That block reads no variable, so an event-driven simulator never runs it: Verilator left
+the NDR/DRS MetaField at 0 (Meta0-State) instead of No-Op. So here the S2M headers and the
+``events`` port are assembled field by field with unconditional statements only (Yosys
+then writes plain ``assign``s), from small signals that carry the conditional parts; and
+the decode and response stages each own a struct of just the events they raise.
+tests/test_no_alwnever.py lints this module with ALWNEVER enabled.
 """
 from amaranth import Module, Signal, Const, Mux
 from amaranth.lib import stream, wiring, fifo, data
@@ -62,6 +76,10 @@ PIPELINE_READ_CYCLES = 7
 EVENTS = ("oow_req", "oow_rwd", "unsupported_req", "unsupported_rwd",
           "poison_wr", "poison_rd", "media_error", "rd_line", "wr_line", "spec_rd_dropped",
           "inv", "bias_to_host")
+# Who raises which event: the response stage the media's answers, the decode stage the rest.
+# Each stage's struct holds only its own events, so no bit of it is a bare constant (ALWNEVER).
+RESPONSE_EVENTS = ("poison_rd", "media_error")
+DECODE_EVENTS = tuple(e for e in EVENTS if e not in RESPONSE_EVENTS)
 
 # MemRdFwd / MemWrFwd handed to the CXL.cache agent: they complete its D2H requests.
 FWD = data.StructLayout({"cqid": TAG_BITS, "write": 1})
@@ -161,7 +179,7 @@ class CxlMemTarget(wiring.Component):
 
         act = Signal(Action)
         strb = Signal(LINE_BYTES)
-        dec_events = Signal.like(ev)
+        dec_events = Signal(data.StructLayout({e: 1 for e in DECODE_EVENTS}))
         with m.If(~inc.is_rwd):
             with m.Switch(req_op):
                 with m.Case(M2SReqOpcode.MEM_RD, M2SReqOpcode.MEM_RD_DATA):
@@ -263,7 +281,7 @@ class CxlMemTarget(wiring.Component):
         with m.If(self.bias_to_host):
             m.d.comb += dec_events.bias_to_host.eq(1)
         # Events are counted when a message is decoded (each message exactly once).
-        dec_ev_q = Signal.like(ev)
+        dec_ev_q = Signal.like(dec_events)
         m.d.sync += dec_ev_q.eq(Mux(take, dec_events.as_value(), 0))
 
         # ---------------- response stage: media reads, media writes, immediate answers
@@ -294,41 +312,61 @@ class CxlMemTarget(wiring.Component):
         with m.If(grant != 3):
             m.d.sync += last.eq(grant)
 
-        ndr = Signal(S2MNDR)
-        drs = Signal(S2MDRS)
-        m.d.comb += [ndr_fifo.w_data.eq(ndr), drs_fifo.w_data.eq(drs),
-                     ndr.meta_field.eq(MetaField.NO_OP), ndr.dev_load.eq(DevLoad.LIGHT),
-                     drs.meta_field.eq(MetaField.NO_OP), drs.dev_load.eq(DevLoad.LIGHT)]
-        rsp_events = Signal.like(ev)
+        # The fields that depend on the granted source; the NDR and DRS of one source share
+        # its Tag and LD-ID.
+        rsp_tag = Signal(TAG_BITS)
+        rsp_ld_id = Signal(LD_ID_BITS)
+        ndr_opcode = Signal(NDROpcode)
+        drs_opcode = Signal(DRSOpcode)
+        drs_poison = Signal()
+        drs_data = Signal(LINE_BITS)
+        rsp_events = Signal(data.StructLayout({e: 1 for e in RESPONSE_EVENTS}))
         with m.Switch(grant):
             with m.Case(0):
                 poisoned = rd.poison | rd.error
                 m.d.comb += [
                     self.mem_rd_rsp.ready.eq(1),
-                    ndr.opcode.eq(rd_ctx.ndr_opcode), ndr.tag.eq(rd_ctx.tag),
-                    ndr.ld_id.eq(rd_ctx.ld_id),
-                    drs.opcode.eq(DRSOpcode.MEM_DATA), drs.tag.eq(rd_ctx.tag),
-                    drs.ld_id.eq(rd_ctx.ld_id), drs.poison.eq(poisoned), drs.data.eq(rd.data),
+                    rsp_tag.eq(rd_ctx.tag), rsp_ld_id.eq(rd_ctx.ld_id),
+                    ndr_opcode.eq(rd_ctx.ndr_opcode),
+                    drs_opcode.eq(DRSOpcode.MEM_DATA), drs_poison.eq(poisoned), drs_data.eq(rd.data),
                     ndr_fifo.w_en.eq(1), drs_fifo.w_en.eq(1),
                     rsp_events.poison_rd.eq(poisoned), rsp_events.media_error.eq(rd.error),
                 ]
             with m.Case(1):
                 m.d.comb += [
                     self.mem_wr_rsp.ready.eq(1),
-                    ndr.opcode.eq(NDROpcode.CMP), ndr.tag.eq(wr_ctx.tag),
-                    ndr.ld_id.eq(wr_ctx.ld_id),
+                    rsp_tag.eq(wr_ctx.tag), rsp_ld_id.eq(wr_ctx.ld_id),
+                    ndr_opcode.eq(NDROpcode.CMP),
                     ndr_fifo.w_en.eq(1),
                     rsp_events.media_error.eq(self.mem_wr_rsp.payload.error),
                 ]
             with m.Case(2):
                 m.d.comb += [
                     imm_fifo.r_en.eq(1),
-                    ndr.opcode.eq(imm.ndr_opcode), ndr.tag.eq(imm.tag), ndr.ld_id.eq(imm.ld_id),
-                    drs.opcode.eq(DRSOpcode.MEM_DATA_NXM), drs.tag.eq(imm.tag),
-                    drs.ld_id.eq(imm.ld_id), drs.data.eq(Const(2 ** LINE_BITS - 1, LINE_BITS)),
+                    rsp_tag.eq(imm.tag), rsp_ld_id.eq(imm.ld_id),
+                    ndr_opcode.eq(imm.ndr_opcode),
+                    drs_opcode.eq(DRSOpcode.MEM_DATA_NXM), drs_data.eq(Const(2 ** LINE_BITS - 1, LINE_BITS)),
                     ndr_fifo.w_en.eq(imm.ndr), drs_fifo.w_en.eq(imm.nxm),
                 ]
-        rsp_ev_q = Signal.like(ev)
+        # The S2M headers: every field assigned here, unconditionally, so the constant ones
+        # are real drivers (see the module docstring, ALWNEVER). MetaField No-Op: no Meta0
+        # state is kept; MetaValue is then meaningless and sent as 0.
+        ndr = Signal(S2MNDR)
+        drs = Signal(S2MDRS)
+        m.d.comb += [
+            ndr.opcode.eq(ndr_opcode), ndr.meta_field.eq(MetaField.NO_OP),
+            ndr.meta_value.eq(MetaValue.INVALID), ndr.tag.eq(rsp_tag), ndr.ld_id.eq(rsp_ld_id),
+            ndr.dev_load.eq(DevLoad.LIGHT),
+            drs.opcode.eq(drs_opcode), drs.meta_field.eq(MetaField.NO_OP),
+            drs.meta_value.eq(MetaValue.INVALID), drs.tag.eq(rsp_tag), drs.ld_id.eq(rsp_ld_id),
+            drs.dev_load.eq(DevLoad.LIGHT), drs.poison.eq(drs_poison), drs.trp.eq(0),
+            drs.data.eq(drs_data),
+            ndr_fifo.w_data.eq(ndr), drs_fifo.w_data.eq(drs),
+        ]
+        rsp_ev_q = Signal.like(rsp_events)
         m.d.sync += rsp_ev_q.eq(rsp_events)
-        m.d.comb += ev.eq(dec_ev_q.as_value() | rsp_ev_q.as_value())
+        # Each event comes from the one stage that raises it (one unconditional assignment
+        # per field: the port has no constant-only bits).
+        m.d.comb += [getattr(ev, e).eq(getattr(dec_ev_q, e)) for e in DECODE_EVENTS]
+        m.d.comb += [getattr(ev, e).eq(getattr(rsp_ev_q, e)) for e in RESPONSE_EVENTS]
         return m

@@ -41,6 +41,14 @@ class NdpOpcode(enum.Enum, shape=8):
     NOP = 0                      # completes with OK; touches nothing
     LOOKUP = 1                   # pooled = reduce(rows) per bag -> out_addr
     UPDATE = 2                   # sparse SGD of every index occurrence, in input order
+                                 # (with flags.checkpoint: only if batch's undo log is
+                                 # LOGGED; then the APPLIED record is written)
+    LOG = 3                      # undo-log the old value of every row batch will update, once
+                                 # per row, then write the LOGGED record (hw/checkpoint/undo_log.py)
+    MLP_LOG = 4                  # copy lines [mlp_offset, +mlp_count) of the GPU's MLP image into
+                                 # MLP slot flags.mlp_slot over CXL.cache; the chunk that ends the
+                                 # image checks the byte counter and writes the MLP_LOGGED record
+    RECOVER = 5                  # scan the log, roll back an interrupted batch, report (CKPT_* CSRs)
 
 
 class PoolMode(enum.Enum, shape=2):
@@ -61,7 +69,12 @@ class NdpError(enum.Enum, shape=8):
     OFFSETS = 6                  # offsets decrease
     INDEX_RANGE = 7              # an index >= its table's rows
     MEDIA = 8                    # a media read returned an error or poison
-    CACHE = 9                    # a CXL.cache push was answered with an error
+    CACHE = 9                    # a CXL.cache access was answered with an error
+    LOG_FULL = 10                # LOG: the entries do not fit in a slot (CKPT_SLOT_LINES)
+    NOT_LOGGED = 11              # UPDATE with flags.checkpoint: batch's slot has no valid LOGGED record
+    MLP_SIZE = 12                # MLP_LOG: chunk outside the image, or the byte counter differs from
+                                 # the image size at its end
+    LOG_CORRUPT = 13             # RECOVER: an entry of a LOGGED slot fails its magic / CRC check
 
 
 class AddressFault(enum.IntEnum):
@@ -72,13 +85,17 @@ class AddressFault(enum.IntEnum):
     OFFSETS = 4
     OUTPUTS = 5                  # pooled outputs in device memory
     GRADIENTS = 6
+    LOG_REGION = 7               # the embedding log's two slots (CKPT_LOG_BASE, CKPT_SLOT_LINES)
+    MLP_REGION = 8               # the MLP log's two slots (CKPT_MLP_BASE, CKPT_MLP_LINES)
     TABLE_ROWS = 0x100           # + t: the rows of table t
 
 
 class CommandFlags(data.Struct):
     out_to_host: 1               # LOOKUP: push pooled vectors to host memory over CXL.cache
     has_weights: 1               # a weights array is present
-    reserved: 6
+    checkpoint: 1                # UPDATE: require and complete batch's undo log (see NdpOpcode)
+    mlp_slot: 1                  # MLP_LOG: which MLP log slot (0/1) this copy fills
+    reserved: 4
 
 
 class CommandDescriptor(data.Struct):
@@ -96,6 +113,9 @@ class CommandDescriptor(data.Struct):
     out_addr: LINE_ADDR_BITS     # LOOKUP: pooled outputs [B][sum of dims]
     row_pitch_lines: 16          # lines per sample in the outputs / gradients (sum of dim/16)
     lr: 32                       # UPDATE: learning rate, fp32 bits
+    batch: 32                    # LOG, UPDATE (flags.checkpoint), MLP_LOG: training batch number
+    mlp_offset: 32               # MLP_LOG: first image line of this chunk
+    mlp_count: 32                # MLP_LOG: lines in this chunk
 
 
 class TableDescriptor(data.Struct):
@@ -113,7 +133,8 @@ class EngineStats(data.Struct):
     lookups: 32                  # index occurrences processed
     rows_read: 32                # table rows read from media
     rows_written: 32             # table rows written to media
-    unique_rows: 32              # UPDATE: distinct (table, row) pairs in the batch
+    unique_rows: 32              # UPDATE, LOG: distinct (table, row) pairs in the batch
+                                 # (LOG: the entries; RECOVER: entries rolled back)
     lines_read: 32               # all media lines read (rows, arrays, gradients)
     lines_written: 32            # all media lines written (rows, device-memory outputs)
     lines_pushed: 32             # lines pushed over CXL.cache

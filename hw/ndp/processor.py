@@ -8,7 +8,9 @@ Ports
   command (counters; ``completed`` sets STATUS.NDP_DONE).
 - ``mem``: Out(client_port_signature(addr_bits, TABLE_ID_BITS)): descriptor reads and
   completion writes.
-- ``lookup``, ``update``: Out(engine_control_signature()) to the engines.
+- ``lookup``, ``update``, ``log``, ``mlp_log``, ``recover``: Out(engine_control_signature())
+  to the engines of LOOKUP, UPDATE, LOG, MLP_LOG and RECOVER (hw/ndp, hw/checkpoint).
+- ``region``: In(LogRegion), the checkpoint geometry (CKPT_* CSRs).
 
 Per command, while ``sq_head != sq_tail``: read the descriptor in slot ``head mod 2**size``;
 check it (BAD_OPCODE, BAD_TABLES, ADDRESS of the table-descriptor, offsets, output and
@@ -17,15 +19,27 @@ BAD_DESCRIPTOR, ADDRESS of its rows, ``error_info`` = t or AddressFault); run th
 write the ``Completion`` line into the completion ring's slot and wait until it is durable;
 then advance ``sq_head`` and pulse ``completed``. A command that fails a check never
 starts an engine, so it writes nothing but its completion. ``last_cycles`` counts from the
-descriptor read to the durable completion.
+descriptor read to the durable completion. MLP_LOG and RECOVER name no tables: they go from
+the descriptor check straight to their engine.
+
+Checkpointed UPDATE (``flags.checkpoint``, batch k; the persist ordering of architecture.md
+§6): before the engine starts, the processor reads line 0 of embedding log slot k mod 2 and
+requires a valid LOGGED record for batch k (hw/checkpoint/log_format.py), else NOT_LOGGED
+(or ADDRESS / LOG_REGION when the region lies outside device memory); so rows change in
+place only after their undo log is durable. After the engine is done (every row write
+acknowledged) it writes the APPLIED record to slot line 1 and waits until it is durable
+before writing the completion.
 Assumes the host writes a slot before ringing the doorbell for it and does not change the
 ring registers while ``busy`` or while commands are pending.
 """
-from amaranth import Module, Signal, Mux, Const
+from amaranth import Cat, Module, Signal, Mux, Const
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..common.cxl_mem import LINE_BYTES
+from ..checkpoint.crc import crc32_single_line
+from ..checkpoint.log_format import (LOG_MAGIC, RECORD_LINE_APPLIED, RECORD_LINE_LOGGED, LogRecord, LogRegion,
+                                     LogState)
+from ..common.cxl_mem import LINE_BITS, LINE_BYTES
 from ..mem.arbiter import client_port_signature
 from .command import (AddressFault, CommandDescriptor, Completion, EngineStats, MAX_DIM, MAX_TABLES,
                       MIN_DIM, NdpError, NdpOpcode, PoolMode, TableDescriptor, TABLE_ID_BITS,
@@ -45,7 +59,16 @@ class CommandProcessor(wiring.Component):
             "mem": Out(client_port_signature(addr_bits, self.ctx_bits)),
             "lookup": Out(engine_control_signature()),
             "update": Out(engine_control_signature()),
+            "log": Out(engine_control_signature()),
+            "mlp_log": Out(engine_control_signature()),
+            "recover": Out(engine_control_signature()),
+            "region": In(LogRegion),
         })
+
+    def _engines(self):
+        """(opcode, engine port) of every engine, in port order."""
+        return ((NdpOpcode.LOOKUP, self.lookup), (NdpOpcode.UPDATE, self.update), (NdpOpcode.LOG, self.log),
+                (NdpOpcode.MLP_LOG, self.mlp_log), (NdpOpcode.RECOVER, self.recover))
 
     def elaborate(self, platform):
         m = Module()
@@ -79,9 +102,34 @@ class CommandProcessor(wiring.Component):
         m.d.comb += [t_w.addr.eq(rsp.payload.ctx), t_w.data.eq(rsp.payload.data[:TableDescriptor.as_shape().size])]
 
         # The table memory's read port: the checks, then the running engine.
-        for eng in (self.lookup, self.update):
+        for _, eng in self._engines():
             m.d.comb += [eng.cmd.eq(cmd), eng.table.eq(t_r.data)]
         running_update = cmd.opcode == NdpOpcode.UPDATE
+        checkpointed = running_update & cmd.flags.checkpoint
+        no_tables = (cmd.opcode == NdpOpcode.MLP_LOG) | (cmd.opcode == NdpOpcode.RECOVER)
+        known = Signal()
+        m.d.comb += known.eq(no_tables | (cmd.opcode == NdpOpcode.LOOKUP) | running_update |
+                             (cmd.opcode == NdpOpcode.LOG))
+
+        # Checkpointed UPDATE: the slot's records (hw/checkpoint/log_format.py).
+        region = self.region
+        slot_base = Signal(33)
+        m.d.comb += slot_base.eq(region.log_base + Mux(cmd.batch[0], region.slot_lines, 0))
+        region_ok = ((region.slot_lines >= 3) & (region.log_base + (region.slot_lines << 1) <= cap))
+        logged = Signal(LogRecord)           # the LOGGED record read before the update
+        logged_crc_ok = Signal()
+        record_bits = LogRecord.as_shape().size
+        crc_lsb = LogRecord.as_shape()["crc"].offset
+        record_line = Signal(LINE_BITS)
+        m.d.comb += record_line.eq(rsp.payload.data)
+        zeroed = Signal(LINE_BITS)           # the line with its crc field zero, as the crc covers it
+        m.d.comb += zeroed.eq(record_line & ~Const(((1 << 32) - 1) << crc_lsb, LINE_BITS))
+        applied = Signal(LogRecord)
+        m.d.comb += [applied.magic.eq(LOG_MAGIC), applied.state.eq(LogState.APPLIED), applied.slot.eq(cmd.batch[0]),
+                     applied.batch.eq(cmd.batch), applied.count.eq(logged.count), applied.lines.eq(logged.lines)]
+        applied_line = Signal(LINE_BITS)
+        m.d.comb += applied_line.eq(Cat(applied.as_value()[:crc_lsb], crc32_single_line(applied.as_value()),
+                                        applied.as_value()[crc_lsb + 32:record_bits]))
 
         def fail(code, info):
             m.d.sync += [err.eq(code), err_info.eq(info)]
@@ -120,8 +168,10 @@ class CommandProcessor(wiring.Component):
             with m.State("CHECK_CMD"):
                 with m.If(cmd.opcode == NdpOpcode.NOP):
                     m.next = "COMPLETE"
-                with m.Elif((cmd.opcode != NdpOpcode.LOOKUP) & (cmd.opcode != NdpOpcode.UPDATE)):
+                with m.Elif(~known):
                     fail(NdpError.BAD_OPCODE, 0)
+                with m.Elif(no_tables):
+                    m.next = "START"
                 with m.Elif((ntables == 0) | (ntables > MAX_TABLES) | (cmd.batch_size == 0) |
                             (nbags >= 0xFFFF_FFFF)):
                     fail(NdpError.BAD_TABLES, 0)
@@ -164,24 +214,55 @@ class CommandProcessor(wiring.Component):
                     fail(NdpError.BAD_DESCRIPTOR, check_t)
                 with m.Elif(tbl.base_addr + tbl.rows * dim_lines > cap):
                     fail(NdpError.ADDRESS, AddressFault.TABLE_ROWS + check_t)
+                with m.Elif((check_t + 1 == ntables) & checkpointed):
+                    m.next = "READ_LOGGED"
                 with m.Elif(check_t + 1 == ntables):
                     m.next = "START"
                 with m.Else():
                     m.d.sync += check_t.eq(check_t + 1)
                     m.next = "CHECK_READ"
+            with m.State("READ_LOGGED"):         # checkpointed UPDATE: the undo log must be durable
+                with m.If(~region_ok):
+                    fail(NdpError.ADDRESS, AddressFault.LOG_REGION)
+                with m.Else():
+                    m.d.comb += [req.valid.eq(1), req.payload.addr.eq(slot_base + RECORD_LINE_LOGGED),
+                                 req.payload.ctx.eq(0)]
+                    with m.If(req.ready):
+                        m.next = "WAIT_LOGGED"
+            with m.State("WAIT_LOGGED"):
+                with m.If(rsp.valid):
+                    m.d.sync += [logged.eq(record_line[:record_bits]),
+                                 logged_crc_ok.eq(crc32_single_line(zeroed) == record_line[crc_lsb:crc_lsb + 32])]
+                    with m.If(rsp.payload.error | rsp.payload.poison):
+                        fail(NdpError.MEDIA, 0)
+                    with m.Else():
+                        m.next = "CHECK_LOGGED"
+            with m.State("CHECK_LOGGED"):
+                with m.If(logged_crc_ok & (logged.magic == LOG_MAGIC) & (logged.state == LogState.LOGGED) &
+                          (logged.slot == cmd.batch[0]) & (logged.batch == cmd.batch)):
+                    m.next = "START"
+                with m.Else():
+                    fail(NdpError.NOT_LOGGED, 0)
             with m.State("START"):
-                m.d.comb += [self.lookup.start.eq(~running_update), self.update.start.eq(running_update)]
+                for opcode, eng in self._engines():
+                    m.d.comb += eng.start.eq(cmd.opcode == opcode)
                 m.next = "RUN"
             with m.State("RUN"):
-                eng_done = Mux(running_update, self.update.done, self.lookup.done)
-                m.d.comb += t_r.addr.eq(Mux(running_update, self.update.table_index, self.lookup.table_index))
-                with m.If(eng_done):
-                    with m.If(running_update):
-                        m.d.sync += [err.eq(self.update.error), err_info.eq(self.update.error_info),
-                                     stats.eq(self.update.stats)]
-                    with m.Else():
-                        m.d.sync += [err.eq(self.lookup.error), err_info.eq(self.lookup.error_info),
-                                     stats.eq(self.lookup.stats)]
+                for opcode, eng in self._engines():
+                    with m.If(cmd.opcode == opcode):
+                        m.d.comb += t_r.addr.eq(eng.table_index)
+                        with m.If(eng.done):
+                            m.d.sync += [err.eq(eng.error), err_info.eq(eng.error_info), stats.eq(eng.stats)]
+                            m.next = "COMPLETE"
+                            with m.If(checkpointed & (eng.error == NdpError.OK)):
+                                m.next = "WRITE_APPLIED"
+            with m.State("WRITE_APPLIED"):       # after every row write of the update is durable
+                m.d.comb += [req.valid.eq(1), req.payload.write.eq(1), req.payload.ctx.eq(0),
+                             req.payload.addr.eq(slot_base + RECORD_LINE_APPLIED), req.payload.data.eq(applied_line)]
+                with m.If(req.ready):
+                    m.next = "WAIT_APPLIED"
+            with m.State("WAIT_APPLIED"):
+                with m.If(wrsp.valid):
                     m.next = "COMPLETE"
             with m.State("COMPLETE"):
                 m.d.comb += [req.valid.eq(1), req.payload.write.eq(1), req.payload.addr.eq(self.cq_base + slot),

@@ -21,7 +21,18 @@ Pure Python (no simulator; unit-tested in tests/test_ndp.py):
   (TableDescriptor; col_lines = prefix sum of dim/16 over the tables, row_pitch_lines = the
   total), ``NdpCompletion.unpack(line)``. Arrays: ``array_to_lines`` / ``lines_to_array``
   (u32 / fp32 little-endian, 16 per line, element 0 at bit 0 of the first line, the last
-  line zero-padded).
+  line zero-padded). ``NdpCommand.unpack(line)`` is the inverse of ``pack``.
+- Checkpoint commands (hw/ndp/command.py): ``NdpCommand`` carries ``batch``, ``mlp_offset``,
+  ``mlp_count`` and the flags ``checkpoint`` / ``mlp_slot``; ``log_command(layout, batch,
+  has_weights=, tag=)`` (LOG), ``update_command(..., checkpoint_batch=k)`` (UPDATE with
+  flags.checkpoint, batch k), ``mlp_log_command(batch, offset, count, slot, tag=)`` and
+  ``mlp_log_commands(batch, lines, slot, chunks=)`` (MLP_LOG; no tables), ``recover_command(
+  tag=)`` (RECOVER; no tables).
+- Checkpoint logs in the layout: ``plan_layout(..., emb_log=True, log_max_rows=None,
+  mlp_log_lines=0, mlp_host_line=0)`` reserves the embedding undo log (two slots of
+  2 + R * (1 + max dim/16) lines, R = log_max_rows or max_indices) and the MLP log (two slots
+  of 1 + mlp_log_lines) after the tables; ``DeviceLayout.log_region`` is the
+  ``CheckpointRegion`` (sim/model/checkpoint.py, the Python twin of ``LogRegion``).
 
 On the simulator (cocotb, a ``sim.env.DeviceEnv``):
 
@@ -44,6 +55,10 @@ On the simulator (cocotb, a ``sim.env.DeviceEnv``):
   expect=NdpError.OK)`` = submit + wait and raises ``NdpCommandError`` when the error code
   is not the expected one. ``read_outputs`` / ``read_table`` / ``read_rows`` read results
   back (device memory through the backdoor, host memory from the home agent).
+- ``await program_checkpoint(region=None, mlp_host_line=None)`` writes the CKPT_* geometry
+  CSRs (default: the layout's ``log_region``); ``await read_recovery()`` reads
+  CKPT_RECOVERED_EMB / CKPT_RECOVERED_MLP / CKPT_RECOVER_STATUS into a ``RecoveryResult``
+  (``error`` None: the completion carries it).
 - ``MediaCounters(env)``: per-channel completed media reads / writes (pmem_media
   ``stat_reads`` / ``stat_writes``) when the harness makes them visible to VPI.
 - ``HostMemorySide(env, base_line, lines)``: the host side of CXL.cache for pushed outputs
@@ -66,6 +81,7 @@ from hw.cxl_controller.csr_map import field
 from hw.mem.port import split_line_address
 from hw.ndp.command import (DEV_ADDR_BITS, FLOATS_PER_LINE, MAX_DIM, MAX_TABLES, MIN_DIM, CommandDescriptor,
                             CommandFlags, Completion, EngineStats, NdpError, NdpOpcode, PoolMode, TableDescriptor)
+from sim.model.checkpoint import CheckpointRegion, RecoveryResult, slot_lines_for
 from sim.model.codec import StructCodec
 
 COMMAND = StructCodec(CommandDescriptor)
@@ -178,7 +194,27 @@ class DeviceLayout:
     grads: Region
     outputs: Region | None
     table_regions: tuple[Region, ...]
-    free: Region                  # what is left (later: logs)
+    free: Region                  # what is left
+    emb_log: Region | None = None   # embedding undo log: two slots of emb_log.lines // 2 lines
+    mlp_log: Region | None = None   # MLP log: two slots of 1 + mlp_lines lines
+    mlp_host_line: int = 0          # host line address of the GPU's MLP image
+
+    @property
+    def slot_lines(self) -> int:
+        return self.emb_log.lines // 2 if self.emb_log is not None else 0
+
+    @property
+    def mlp_lines(self) -> int:
+        return self.mlp_log.lines // 2 - 1 if self.mlp_log is not None else 0
+
+    @property
+    def log_region(self) -> CheckpointRegion | None:
+        """The checkpoint geometry (the CKPT_* CSR values), or None when no log is reserved."""
+        if self.emb_log is None and self.mlp_log is None:
+            return None
+        return CheckpointRegion(log_base=self.emb_log.base if self.emb_log else 0, slot_lines=self.slot_lines,
+                                mlp_base=self.mlp_log.base if self.mlp_log else 0, mlp_lines=self.mlp_lines,
+                                mlp_host_addr=self.mlp_host_line)
 
     @property
     def col_lines(self) -> tuple[int, ...]:
@@ -195,7 +231,8 @@ class DeviceLayout:
     def regions(self) -> list[Region]:
         fixed = [self.sq, self.cq, self.table_descs, self.offsets, self.indices, self.weights, self.grads,
                  self.outputs]
-        return [r for r in fixed if r is not None] + list(self.table_regions) + [self.free]
+        logs = [r for r in (self.emb_log, self.mlp_log) if r is not None]
+        return [r for r in fixed if r is not None] + list(self.table_regions) + logs + [self.free]
 
     def row_line(self, t: int, row: int) -> int:
         return self.table_regions[t].base + row * self.tables[t].lines_per_row
@@ -246,14 +283,22 @@ def _rows_cap_that_fits(tables: Sequence[NdpTable], lines_for_tables: int) -> in
 
 def plan_layout(tables: Sequence[NdpTable], *, batch_size: int, max_indices: int, capacity_lines: int,
                 has_weights: bool | None = None, ring_slots: int = 16, outputs_in_device: bool = True,
-                reserve_lines: int = 0) -> DeviceLayout:
+                reserve_lines: int = 0, emb_log: bool = False, log_max_rows: int | None = None,
+                mlp_log_lines: int = 0, mlp_host_line: int = 0) -> DeviceLayout:
     """Place rings, descriptors, argument arrays and tables in ``capacity_lines`` lines.
 
     ``max_indices``: the largest indices array of any batch the layout must hold.
     ``has_weights``: reserve a weights array (default: iff a table pools weighted_sum).
     ``outputs_in_device``: reserve the pooled-output array in device memory (False when
     outputs are pushed to the host). ``reserve_lines``: keep that many lines free at the
-    end (for later users, e.g. the undo log).
+    end (for later users).
+
+    Checkpoint logs (after the tables, before ``free``): ``emb_log`` reserves the embedding
+    undo log, two slots of ``2 + R * (1 + max dim/16)`` lines, R = ``log_max_rows`` (the most
+    distinct rows a batch touches) or, when None, ``max_indices`` (every index distinct, the
+    worst case); ``mlp_log_lines`` > 0 reserves the MLP log, two slots of 1 + that many
+    lines, for the image at host line ``mlp_host_line``. ``DeviceLayout.log_region`` is then
+    the ``CheckpointRegion`` to program (``NdpHost.program_checkpoint``).
     """
     tables = tuple(tables)
     if not 1 <= len(tables) <= MAX_TABLES:
@@ -270,7 +315,14 @@ def plan_layout(tables: Sequence[NdpTable], *, batch_size: int, max_indices: int
     if pitch >= 1 << 16:
         raise LayoutError(f"row pitch {pitch} lines does not fit the 16-bit row_pitch_lines field")
     args = _argument_lines(tables, batch_size, max_indices, has_weights, outputs_in_device)
-    fixed = 2 * ring_slots + len(tables) + sum(args.values()) + reserve_lines
+    if log_max_rows is not None and log_max_rows < 0:
+        raise LayoutError(f"log_max_rows must be >= 0, got {log_max_rows}")
+    if mlp_log_lines < 0:
+        raise LayoutError(f"mlp_log_lines must be >= 0, got {mlp_log_lines}")
+    max_dim = max(t.dim for t in tables)
+    slot_lines = slot_lines_for(max_indices if log_max_rows is None else log_max_rows, max_dim) if emb_log else 0
+    log_lines = 2 * slot_lines + (2 * (1 + mlp_log_lines) if mlp_log_lines else 0)
+    fixed = 2 * ring_slots + len(tables) + sum(args.values()) + reserve_lines + log_lines
     table_lines = sum(t.lines for t in tables)
     usable = min(capacity_lines, 1 << DEV_ADDR_BITS)
     if fixed + table_lines > usable:
@@ -288,12 +340,14 @@ def plan_layout(tables: Sequence[NdpTable], *, batch_size: int, max_indices: int
     descs = take("table_descs", len(tables))
     placed = {name: take(name, lines) for name, lines in args.items()}
     table_regions = tuple(take(f"table{t}", tab.lines) for t, tab in enumerate(tables))
+    emb_region = take("emb_log", 2 * slot_lines) if emb_log else None
+    mlp_region = take("mlp_log", 2 * (1 + mlp_log_lines)) if mlp_log_lines else None
     free = Region("free", cursor, usable - cursor)
     return DeviceLayout(capacity_lines=capacity_lines, tables=tables, batch_size=batch_size,
                         max_indices=max_indices, ring_slots=ring_slots, sq=sq, cq=cq, table_descs=descs,
                         offsets=placed["offsets"], indices=placed["indices"], weights=placed.get("weights"),
                         grads=placed["grads"], outputs=placed.get("outputs"), table_regions=table_regions,
-                        free=free)
+                        free=free, emb_log=emb_region, mlp_log=mlp_region, mlp_host_line=mlp_host_line)
 
 
 def _raise_does_not_fit(tables, usable, fixed, table_lines, args, batch_size):
@@ -301,7 +355,7 @@ def _raise_does_not_fit(tables, usable, fixed, table_lines, args, batch_size):
     mib = lambda lines: lines * LINE_BYTES / (1 << 20)   # noqa: E731
     text = (f"the model does not fit device memory: it needs {need} lines ({mib(need):.1f} MiB): tables "
             f"{table_lines}, argument arrays {sum(args.values())} "
-            f"({', '.join(f'{k} {v}' for k, v in args.items())}), rings and descriptors "
+            f"({', '.join(f'{k} {v}' for k, v in args.items())}), rings, descriptors and logs "
             f"{fixed - sum(args.values())}; the device has {usable} lines ({mib(usable):.1f} MiB). ")
     cap = _rows_cap_that_fits(tables, usable - fixed)
     if cap >= 1:
@@ -336,14 +390,37 @@ class NdpCommand:
     out_to_host: bool = False
     has_weights: bool = False
     tag: int = 0
+    batch: int = 0                # LOG, UPDATE (checkpoint), MLP_LOG: training batch number
+    mlp_offset: int = 0           # MLP_LOG: first image line of the chunk
+    mlp_count: int = 0            # MLP_LOG: lines in the chunk
+    checkpoint: bool = False      # UPDATE: require batch's LOGGED record, then write APPLIED
+    mlp_slot: int = 0             # MLP_LOG: the MLP log slot (0 / 1)
 
     def pack(self) -> int:
-        flags = FLAGS.pack(out_to_host=int(self.out_to_host), has_weights=int(self.has_weights))
+        flags = FLAGS.pack(out_to_host=int(self.out_to_host), has_weights=int(self.has_weights),
+                           checkpoint=int(self.checkpoint), mlp_slot=int(self.mlp_slot))
         return COMMAND.pack(opcode=self.opcode, flags=flags, tag=self.tag, num_tables=self.num_tables,
                             batch_size=self.batch_size, tables_addr=self.tables_addr,
                             offsets_addr=self.offsets_addr, indices_addr=self.indices_addr,
                             weights_addr=self.weights_addr, grad_addr=self.grad_addr, out_addr=self.out_addr,
-                            row_pitch_lines=self.row_pitch_lines, lr=f32_bits(self.lr))
+                            row_pitch_lines=self.row_pitch_lines, lr=f32_bits(self.lr), batch=self.batch,
+                            mlp_offset=self.mlp_offset, mlp_count=self.mlp_count)
+
+    @classmethod
+    def unpack(cls, line: int) -> "NdpCommand":
+        """The inverse of ``pack`` (the opcode stays an int when it is not an NdpOpcode)."""
+        f = COMMAND.unpack(line)
+        fl = FLAGS.unpack(f["flags"])
+        try:
+            opcode = NdpOpcode(f["opcode"])
+        except ValueError:
+            opcode = f["opcode"]
+        return cls(opcode, f["num_tables"], f["batch_size"], f["tables_addr"], f["offsets_addr"],
+                   f["indices_addr"], f["row_pitch_lines"], weights_addr=f["weights_addr"], grad_addr=f["grad_addr"],
+                   out_addr=f["out_addr"], lr=float(np.uint32(f["lr"]).view(np.float32)),
+                   out_to_host=bool(fl["out_to_host"]), has_weights=bool(fl["has_weights"]), tag=f["tag"],
+                   batch=f["batch"], mlp_offset=f["mlp_offset"], mlp_count=f["mlp_count"],
+                   checkpoint=bool(fl["checkpoint"]), mlp_slot=fl["mlp_slot"])
 
     def replace(self, **changes) -> "NdpCommand":
         return dataclasses.replace(self, **changes)
@@ -372,10 +449,38 @@ def lookup_command(layout: DeviceLayout, *, has_weights: bool, out_line: int | N
                       out_to_host=out_to_host, tag=tag)
 
 
-def update_command(layout: DeviceLayout, *, lr: float, has_weights: bool, tag: int = 0) -> NdpCommand:
-    """UPDATE (sparse SGD) with the gradients in the layout's gradient array."""
+def update_command(layout: DeviceLayout, *, lr: float, has_weights: bool, tag: int = 0,
+                   checkpoint_batch: int | None = None) -> NdpCommand:
+    """UPDATE (sparse SGD) with the gradients in the layout's gradient array. With
+    ``checkpoint_batch`` k: flags.checkpoint and batch k (the device requires batch k's
+    LOGGED record and writes its APPLIED record)."""
+    ckpt = {} if checkpoint_batch is None else {"checkpoint": True, "batch": checkpoint_batch}
     return NdpCommand(NdpOpcode.UPDATE, **_common_fields(layout, has_weights), grad_addr=layout.grads.base,
-                      lr=lr, tag=tag)
+                      lr=lr, tag=tag, **ckpt)
+
+
+def log_command(layout: DeviceLayout, batch: int, *, has_weights: bool = False, tag: int = 0) -> NdpCommand:
+    """LOG: undo-log the rows batch ``batch`` (the layout's argument arrays) will update."""
+    return NdpCommand(NdpOpcode.LOG, **_common_fields(layout, has_weights), batch=batch, tag=tag)
+
+
+def mlp_log_command(batch: int, offset: int, count: int, slot: int, *, tag: int = 0) -> NdpCommand:
+    """MLP_LOG: copy image lines [offset, offset+count) into MLP slot ``slot`` (names no tables)."""
+    return NdpCommand(NdpOpcode.MLP_LOG, 0, 0, 0, 0, 0, 0, batch=batch, mlp_offset=offset, mlp_count=count,
+                      mlp_slot=slot, tag=tag)
+
+
+def mlp_log_commands(batch: int, lines: int, slot: int, *, chunks: int = 1, tag: int = 0) -> list[NdpCommand]:
+    """The MLP_LOG commands copying a whole ``lines``-line image in ``chunks`` (relaxed logging)."""
+    if not 1 <= chunks <= max(1, lines):
+        raise ValueError(f"chunks must be in [1, {lines}], got {chunks}")
+    bounds = [lines * i // chunks for i in range(chunks + 1)]
+    return [mlp_log_command(batch, a, b - a, slot, tag=tag + i) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+
+
+def recover_command(*, tag: int = 0) -> NdpCommand:
+    """RECOVER: scan the logs, roll back an interrupted batch, report in the CKPT_* CSRs."""
+    return NdpCommand(NdpOpcode.RECOVER, 0, 0, 0, 0, 0, 0, tag=tag)
 
 
 def _common_fields(layout: DeviceLayout, has_weights: bool) -> dict:
@@ -675,6 +780,40 @@ class NdpHost:
             if arr.shape != (lay.batch_size, spec.dim):
                 raise ValueError(f"table {t}: expected {(lay.batch_size, spec.dim)}, got {arr.shape}")
         return np.concatenate([np.asarray(a, dtype=np.float32) for a in per_table], axis=1)
+
+    # ---- checkpoint
+    async def program_checkpoint(self, region: CheckpointRegion | None = None,
+                                 mlp_host_line: int | None = None) -> None:
+        """Write the CKPT_* geometry CSRs (default: the layout's ``log_region``; the MLP image
+        address from ``mlp_host_line`` or the region's ``mlp_host_addr``)."""
+        region = self.layout.log_region if region is None else region
+        if region is None:
+            raise ValueError("the layout reserves no checkpoint log and no region was given")
+        host = region.mlp_host_addr if mlp_host_line is None else mlp_host_line
+        hi = field("CKPT_MLP_ADDR_HI", "ADDR")
+        if host >> (32 + hi.width):
+            raise ValueError(f"MLP host line {host:#x} does not fit {32 + hi.width} bits")
+        csr = self.env.csr
+        await csr.write("CKPT_LOG_BASE", region.log_base)
+        await csr.write("CKPT_SLOT_LINES", region.slot_lines)
+        await csr.write("CKPT_MLP_BASE", region.mlp_base)
+        await csr.write("CKPT_MLP_LINES", region.mlp_lines)
+        await csr.write("CKPT_MLP_ADDR_LO", host & 0xFFFF_FFFF)
+        await csr.write("CKPT_MLP_ADDR_HI", ((host >> 32) << hi.lsb) & hi.mask)
+
+    async def read_recovery(self) -> RecoveryResult:
+        """The last RECOVER's report (CKPT_RECOVERED_EMB / _MLP / CKPT_RECOVER_STATUS) as a
+        RecoveryResult (``error`` None: the completion carries it; no writes listed)."""
+        csr = self.env.csr
+        emb = await csr.read("CKPT_RECOVERED_EMB")
+        mlp = await csr.read("CKPT_RECOVERED_MLP")
+        status = await csr.read("CKPT_RECOVER_STATUS")
+
+        def bit(name):
+            f = field("CKPT_RECOVER_STATUS", name)
+            return (status & f.mask) >> f.lsb
+        return RecoveryResult(emb_valid=bool(bit("EMB_VALID")), emb_batches=emb, rolled_back=bool(bit("ROLLED_BACK")),
+                              mlp_valid=bool(bit("MLP_VALID")), mlp_batch=mlp, mlp_slot=bit("MLP_SLOT"), error=None)
 
     # ---- commands
     async def submit(self, cmd: NdpCommand) -> int:

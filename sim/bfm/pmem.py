@@ -8,6 +8,9 @@
   while the channel is idle for that line, e.g. to load tables before a test or to inspect
   the persistence domain after a power failure. An R beat already waiting returns the
   line as it is at its handshake, so a poke before that is seen.
+- ``watch(line)`` / ``watch_count()``: the media count the writes accepted to one local line
+  (``watch_line`` / ``watch_count`` in the RTL), so a test can act right after the device
+  issued a given write (the crash campaign cuts power there) by polling a counter.
 - ``power_fail(...)`` raises the media's ``power_fail`` for a number of clock cycles (the
   device's reset is the caller's business).
 """
@@ -72,6 +75,14 @@ class PmemChannel:
 
     def dump(self, start_line: int, count: int) -> list[int]:
         return [self.peek(start_line + i) for i in range(count)]
+
+    def watch(self, line: int | None) -> None:
+        """Count the writes accepted to local ``line`` from now on (None: watch nothing)."""
+        value = (1 << 32) - 1 if line is None else line
+        self.handle.watch_line._handle.set_signal_val_binstr(_NO_DELAY, format(value, "032b"))
+
+    def watch_count(self) -> int:
+        return int(self.handle.watch_count._handle.get_signal_val_binstr(), 2)
 
 
 async def power_fail(dut_power_fail_signal, tear_seed_signal, clk, seed: int,

@@ -1,4 +1,4 @@
-"""CXL.mem protocol monitor: checks 1-4 of docs/cxl-reference.md on every message.
+"""CXL.mem protocol monitor: checks 1-4 of docs/cxl-reference.md, and a header check (5), on every message.
 
 It listens to the host BFM (``on_m2s`` / ``on_s2m``) and keeps, for every request, the set of
 responses the specification allows, written here from cxl-reference §1 "Expected
@@ -12,6 +12,12 @@ responses" (not from the RTL):
 4. One whole line per DRS; reads outside the HDM window answer a single MemData-NXM whose
    data is all ones; DRS opcodes are MemData or MemData-NXM only. (Poison propagation is
    checked by the scoreboard, which knows what was stored.)
+5. Every NDR and DRS carries a legal MetaField/MetaValue: cxl-reference §1 "Encodings" and
+   §6 (Meta0-State only, no EMS) leave MetaField Meta0-State or No-Op, and Explicit-No-Op
+   is an EMS value, so Meta0-State goes with Invalid, Any or Shared. A device that keeps no
+   Meta0 state (``meta_state=False``, this one: README "CXL.mem target", "responses carry
+   MetaField No-Op") must send No-Op; a Meta0-State there would claim a state it never
+   stored. (An RTL constant lost to Verilator's ALWNEVER once sent Meta0-State/Invalid.)
 Project-defined answers (README "CXL.mem target"): an unsupported Req or RwD opcode gets
 one NDR Cmp; outside the window MemInv gets Cmp and writes get Cmp.
 
@@ -29,6 +35,8 @@ from hw.common.cxl_mem import (M2SReqOpcode as Q, M2SRwDOpcode as W, MetaField, 
 ALL_ONES = (1 << LINE_BITS) - 1
 # Plain ints for the per-message path (enum attribute access is slow in Python).
 _MS0, _ANY, _SHARED = MetaField.META0_STATE.value, MetaValue.ANY.value, MetaValue.SHARED.value
+_META_NO_OP = MetaField.NO_OP.value
+_MS0_VALUES = frozenset({MetaValue.INVALID.value, _ANY, _SHARED})     # not Explicit-No-Op (EMS)
 _CMP = frozenset({N.CMP.value})
 _CMP_E = frozenset({N.CMP_E.value})
 _CMP_S_OR_E = frozenset({N.CMP_S.value, N.CMP_E.value})
@@ -67,8 +75,9 @@ def _meta_cmp(fields) -> frozenset:
 
 
 class CxlMemMonitor:
-    def __init__(self, *, capacity_lines: int):
+    def __init__(self, *, capacity_lines: int, meta_state: bool = False):
         self.capacity_lines = capacity_lines
+        self.meta_state = meta_state         # the device keeps Meta0 state (check 5)
         self.window = (0, 0, False)          # (base line, size in lines, enabled)
         self.violations: list[str] = []
         self.waiting: dict[tuple[int, int], collections.deque[Pending]] = \
@@ -122,6 +131,8 @@ class CxlMemMonitor:
 
     def on_s2m(self, cycle, kind, fields):
         self.messages += 1
+        if fields["meta_field"] != _META_NO_OP:
+            self._check_meta(cycle, kind, fields)
         key = (fields["tag"], fields["ld_id"])
         queue = self.waiting.get(key) or ()
         op = fields["opcode"]
@@ -165,6 +176,20 @@ class CxlMemMonitor:
             self.outstanding -= 1
         for lst in self.listeners:
             lst.on_complete(match, kind, fields, cycle)
+
+    def _check_meta(self, cycle, kind, fields) -> None:
+        """Check 5 for a response whose MetaField is not No-Op."""
+        mf, mv = fields["meta_field"], fields["meta_value"]
+        what = f"{kind.upper()} Tag {fields['tag']:#x}"
+        if mf != _MS0:
+            name = MetaField(mf).name if mf in MetaField._value2member_map_ else f"reserved({mf:#b})"
+            self._violation(cycle, f"{what} carries MetaField {name}; only Meta0-State or No-Op is legal")
+        elif not self.meta_state:
+            self._violation(cycle, f"{what} carries MetaField Meta0-State (MetaValue "
+                                   f"{MetaValue(mv).name}) but the device keeps no Meta0 state: "
+                                   f"expected No-Op")
+        elif mv not in _MS0_VALUES:
+            self._violation(cycle, f"{what} carries Meta0-State with MetaValue {MetaValue(mv).name}")
 
     def _describe(self, p: Pending) -> str:
         f = p.fields

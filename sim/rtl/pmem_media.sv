@@ -138,6 +138,12 @@ module pmem_media #(
     logic        pf_q;                      // power_fail at the previous edge
     logic        warned;
 
+    // ---------------------------------------------------------------- write watch (testbench)
+    // The crash campaign (sim/tb/crash_tb.py) sets watch_line by VPI and polls watch_count, to
+    // cut power just after the device issued a write to a chosen line (e.g. a log record).
+    logic [31:0] watch_line;                // local line index; all ones = none
+    logic [31:0] watch_count;               // writes accepted to watch_line
+
     initial begin
         for (int i = 0; i < DEPTH_LINES; i++) begin
             mem[i] = '0;
@@ -147,6 +153,7 @@ module pmem_media #(
         wq_head = '0; wq_svc = '0; wq_tail = '0; wr_count = '0; wr_pend = '0; w_drain = '0;
         now = '0; busy_q8 = '0; last_was_wr = 1'b0; pf_q = 1'b0; warned = 1'b0;
         stat_reads = '0; stat_writes = '0; err_count = '0;
+        watch_line = '1; watch_count = '0;
     end
 
     // ---------------------------------------------------------------- helpers
@@ -295,6 +302,7 @@ module pmem_media #(
                 wq_user[wq_tail] <= wuser;
                 wq_tail <= wq_next(wq_tail);
                 w_drain <= awlen;
+                if (32'(awaddr[ADDR_W-1:6]) == watch_line) watch_count <= watch_count + 32'd1;
             end else if (w_drain_fire) begin
                 w_drain <= w_drain - 8'd1;
             end

@@ -192,7 +192,7 @@ def _bad_cases(capacity: int, n_tables: int) -> list[BadCase]:
                 cmd=lambda c, b: c.replace(has_weights=False, weights_addr=0), info=2),
         BadCase("row pitch too small", NdpError.BAD_DESCRIPTOR, (L,),
                 cmd=lambda c, b: c.replace(row_pitch_lines=c.row_pitch_lines - 1), info=last_t),
-        BadCase("reserved opcode 3", NdpError.BAD_OPCODE, (L,), cmd=lambda c, b: c.replace(opcode=3), info=0),
+        BadCase("reserved opcode 6", NdpError.BAD_OPCODE, (L,), cmd=lambda c, b: c.replace(opcode=6), info=0),
         BadCase("reserved opcode 0xFF", NdpError.BAD_OPCODE, (L,), cmd=lambda c, b: c.replace(opcode=0xFF)),
         BadCase("zero tables", NdpError.BAD_TABLES, both, cmd=lambda c, b: c.replace(num_tables=0), info=0),
         BadCase(f"{MAX_TABLES + 1} tables", NdpError.BAD_TABLES, (L,),

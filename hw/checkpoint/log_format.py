@@ -1,0 +1,103 @@
+"""The persistent checkpoint format: log region layout, record lines and undo-log entries (one source).
+
+Everything here is in device PMEM and survives a power failure (architecture.md §6). The
+engines (hw/checkpoint/), the command processor and the simulation golden models
+(sim/model/checkpoint.py) all take layouts and constants from this file.
+
+Region geometry comes from CSRs (``CKPT_*``, hw/cxl_controller/csr_map.py) as a ``LogRegion``:
+
+Embedding undo log: two slots, batch k uses slot ``k & 1``, slot s at
+``log_base + s * slot_lines``:
+
+| line | content |
+|---|---|
+| 0 | ``LogRecord`` state LOGGED: batch k's log is complete (written after every entry is acked) |
+| 1 | ``LogRecord`` state APPLIED: batch k's update is complete (written after every row is acked) |
+| 2 .. | entries, packed: one ``EntryHeader`` line, then the row's old value (dim/16 lines) |
+
+MLP log: two slots (the host picks one with ``CommandFlags.mlp_slot``), slot s at
+``mlp_base + s * (1 + mlp_lines)``: line 0 is a ``LogRecord`` state MLP_LOGGED, lines
+1 .. mlp_lines hold the copy of the GPU's parameter image (``mlp_lines`` 64-byte lines read
+from host line address ``mlp_host_addr`` with CXL.cache RdCurr).
+
+Validity: a record or entry counts only if its ``magic`` matches and its ``crc`` equals
+``zlib.crc32`` over its bytes with the ``crc`` field zero (an entry: the header line, then
+its payload lines). A record torn by a power failure (each 8-byte word old or new) or never
+written is therefore treated as absent. Correctness does not rest on the CRC: an entry is
+used only when its slot's LOGGED record is valid, and that record is written only after
+every entry write was acknowledged (durable); the CRC is the second line of defence against
+media faults and what the recovery engine checks (error LOG_CORRUPT).
+
+Batch numbers: batch k is the (k+1)-th training batch. "Applied batches" n means the tables
+hold the state after batches 0 .. n-1 (n = 0: the initial tables). The MLP log taken during
+batch k holds the parameters after k applied batches.
+"""
+from amaranth.lib import data, enum
+
+from ..common.cxl_mem import LINE_ADDR_BITS
+
+LOG_MAGIC = 0x4C58_4354          # "TCXL" in little-endian bytes
+ENTRY_MAGIC = 0x4E45_4354        # "TCEN"
+CRC_INIT = 0xFFFF_FFFF           # zlib.crc32's register preset (and final xor)
+
+RECORD_LINE_LOGGED = 0           # slot line of the LOGGED record
+RECORD_LINE_APPLIED = 1          # slot line of the APPLIED record
+SLOT_HEADER_LINES = 2            # entries start here
+
+
+class LogState(enum.Enum, shape=8):
+    FREE = 0                     # written to invalidate a slot before it is reused
+    LOGGED = 1                   # embedding undo log of ``batch`` complete: ``count`` entries, ``lines`` lines
+    APPLIED = 2                  # the update of ``batch`` is complete (rows durable)
+    MLP_LOGGED = 3               # MLP image of ``batch`` complete: ``count`` bytes, ``lines`` lines
+
+
+class LogRecord(data.Struct):
+    """A slot's record line (fields from bit 0; the rest of the line is zero)."""
+    magic: 32
+    state: LogState
+    slot: 8                      # the slot this record belongs to (0 or 1)
+    reserved: 16
+    batch: 32
+    count: 32                    # LOGGED: entries; MLP_LOGGED: bytes copied (the byte counter)
+    lines: 32                    # LOGGED: lines after the slot header; MLP_LOGGED: image lines
+    crc: 32                      # zlib.crc32 of the 64-byte line with this field zero
+
+
+class EntryHeader(data.Struct):
+    """The first line of an undo-log entry; the row's old value follows (``dim_lines`` lines)."""
+    magic: 32
+    batch: 32
+    table: 16
+    dim_lines: 8                 # 1 .. 16
+    reserved: 8
+    row: 32
+    row_addr: 32                 # device line address of the row's first line
+    crc: 32                      # zlib.crc32 of this line (crc zero) followed by the payload lines
+
+
+class LogRegion(data.Struct):
+    """Checkpoint geometry, from the CKPT_* CSRs (device line addresses unless noted)."""
+    log_base: 32                 # embedding log: two slots of ``slot_lines`` lines
+    slot_lines: 32
+    mlp_base: 32                 # MLP log: two slots of 1 + ``mlp_lines`` lines
+    mlp_lines: 32                # the GPU's MLP parameter image, in 64-byte lines
+    mlp_host_addr: LINE_ADDR_BITS  # host line address of that image (CXL.cache)
+
+
+def record_crc_offset() -> int:
+    """Bit offset of ``LogRecord.crc`` within the line."""
+    return LogRecord.as_shape()["crc"].offset
+
+
+def entry_crc_offset() -> int:
+    return EntryHeader.as_shape()["crc"].offset
+
+
+def emb_slot_base(region_log_base: int, slot_lines: int, batch: int) -> int:
+    """Line address of batch ``batch``'s embedding slot (Python-side helper)."""
+    return region_log_base + (batch & 1) * slot_lines
+
+
+def mlp_slot_base(mlp_base: int, mlp_lines: int, slot: int) -> int:
+    return mlp_base + slot * (1 + mlp_lines)
