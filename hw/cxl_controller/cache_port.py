@@ -22,7 +22,8 @@ copy is dropped first. FLUSH drops the device's copy (writing back M data). ``er
 set when the host answered GO-Err / poisoned data (the data is then all ones).
 
 Ids: the agent's port is shared (``CachePortMux`` in hw/top.py): ids 0x00-0x3F belong to
-the test port, 0x40-0x7F to the NDP engines, 0x80-0xFF to the bias engine.
+the test port, 0x40-0x7F to the NDP engines (``EngineCachePortMerge``: 0x40-0x5F the lookup
+push, 0x60-0x7F the MLP log), 0x80-0xFF to the bias engine.
 """
 from amaranth import Module
 from amaranth.lib import data, enum, stream, wiring

@@ -13,8 +13,8 @@ is not ready. Per-client order is kept; across clients, the memory subsystem's g
 (hw/mem/port.py: read-after-write per line, writes per line in order) hold in the order the
 arbiter accepted the requests.
 
-Not yet instantiated in the device: the CXL.mem target is still the only client. The
-embedding engines (issue 4) join through it.
+In the device (hw/top.py) it merges the shared memory port 0: the CXL.mem target, the
+command processor, the lookup feeder and the update, undo-log, MLP-log and recovery engines.
 """
 from amaranth import Module, Cat, Const
 from amaranth.lib import stream, wiring
