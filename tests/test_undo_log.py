@@ -476,10 +476,13 @@ def test_dedup_rate():
         for i, v in enumerate(_lines_of_u32(arr)):
             mem[LAYOUT[name] + i] = v
     old = dict(mem)
-    res, = run(dut, mem, [(b, REGION)], latency=(60, 60), ready_p=1.0)
+    # The first command after reset also clears the set (one set per cycle); time the second.
+    first, res = run(dut, mem, [(b, REGION), (b, REGION)], latency=(60, 60), ready_p=1.0)
     check_logged(mem, old, b, REGION, res)
-    print(f"{n} indices in {res['cycles']} cycles: {n / res['cycles']:.3f} indices/cycle")
+    print(f"{n} indices in {res['cycles']} cycles: {n / res['cycles']:.3f} indices/cycle "
+          f"(the first command after reset: {first['cycles']} cycles)")
     assert n / res["cycles"] > 0.85
+    assert first["cycles"] > res["cycles"] + 4096 // UndoLogEngine.WAYS - 64
 
 
 def test_stress_ring_wraps_full():

@@ -40,7 +40,9 @@ Sequence (slot s = k & 1 at slot_base = log_base + s * slot_lines; layout in log
    free slot line, packed from SLOT_HEADER_LINES. If a key finds its set full, the attempt is
    abandoned and restarted with P = 2*P partitions (P starts at 1): partition p = 0 .. P-1 is one pass
    over the whole index stream that keeps only keys with (row & (P-1)) == p; the set is emptied
-   between passes (a generation tag per way, so emptying costs nothing). Entries written by an
+   between passes (a generation tag per way, so emptying costs nothing; when the 16-bit tag wraps,
+   and at the first pass after reset, since memories keep stale tags through a reset, the set is
+   cleared for real, one set per cycle). Entries written by an
    abandoned attempt are overwritten (entry lines restart at SLOT_HEADER_LINES). Entry order in the
    slot: partitions in ascending p; within a partition, first-occurrence order of the index stream.
    Termination: with P = 2**32 a partition holds the keys of one row value, at most one per table,
@@ -193,7 +195,10 @@ class UndoLogEngine(wiring.Component):
         p_log = Signal(6)                       # P = 2**p_log partitions
         part = Signal(33)                       # partition of this pass
         pmask = Signal(32)
-        gen = Signal(self.GEN_BITS)
+        # GEN_MAX after reset: the first pass clears the set for real. The memory keeps its
+        # contents through a reset, and entries of generation 1.. from before it would
+        # otherwise count as logged rows (which the log would then miss).
+        gen = Signal(self.GEN_BITS, init=GEN_MAX)
         entries = Signal(32)
         alloc_e = Signal(34)                    # next free slot line
         free_acked = Signal()                   # the FREE record is durable: entries may be written

@@ -67,6 +67,11 @@ With evictions a re-read row never counts, and a new row whose hash hits an evic
 missed: a lower bound, low by about (evicted rows)/(4*scratch_lines) of the misses. The epoch
 aliases after 65536 commands (a stale entry could then hide one row: stats only).
 
+After reset (power-up) the engine first clears its tag, slot, arrival and filter memories,
+one entry per cycle for 4*scratch_lines cycles (``Main.INIT``, busy): memories keep their
+contents through a reset, and a stale valid tag would make a command update a row it never
+read. A ``start`` during that sweep is held and runs when it ends.
+
 Scratchpad (a write-back cache of rows)
 - Slots of S = 2**ceil(log2(max dim/16 over the command's tables)) lines, scratch_lines/S of
   them. Per slot (a Memory): row address (the key: a row is its first line address, so
@@ -295,6 +300,7 @@ class Main(enum.IntEnum):
     ABORT = 14
     ABORT_SCAN = 15
     DONE = 16
+    INIT = 17                   # after reset: clear the on-chip tag / slot / arrival memories
 
 
 class Bag(enum.IntEnum):
@@ -370,6 +376,7 @@ class UpdateEngine(wiring.Component):
         WB_ = ceil_log2(W)
         TSB = SB - 1                            # tag sets = scratch_lines / 2
         FB = SB + 2                             # evicted-rows filter entries = 4 * scratch_lines
+        init_sweep = max(1 << TSB, SL, self.GRAD_LINES, 1 << FB)   # the deepest memory INIT clears
         PB = self.payload_bits
         cmd = self.ctl.cmd
         tab = self.ctl.table
@@ -381,7 +388,9 @@ class UpdateEngine(wiring.Component):
             return Cat(p[:PB], Const(int(kind), KIND_BITS))
 
         # ---------------------------------------------------------------- shared state --
-        state = Signal(Main)
+        state = Signal(Main, init=Main.INIT)
+        init_ctr = Signal(range(init_sweep))    # the INIT sweep's entry
+        start_held = Signal()                   # a start that came during INIT
         clr = Signal()                          # start of a command: forget the last one
         freeze = Signal()                       # MEDIA abort: issue nothing new
         frozen = Signal()                       # ... from the abort until the next command clears
@@ -560,10 +569,20 @@ class UpdateEngine(wiring.Component):
         m.d.comb += st_lookups.eq(completed)
 
         with m.Switch(state):
-            with m.Case(Main.IDLE):
+            with m.Case(Main.INIT):
+                # Memories keep their contents through a reset (and real SRAM powers up with
+                # any): stale valid tags or arrival bits would make the next command hit rows
+                # that were never read. Sweep them once before the first command.
                 with m.If(self.ctl.start):
+                    m.d.sync += start_held.eq(1)
+                m.d.sync += init_ctr.eq(init_ctr + 1)
+                with m.If(init_ctr == init_sweep - 1):
+                    m.d.sync += state.eq(Main.IDLE)
+            with m.Case(Main.IDLE):
+                with m.If(self.ctl.start | start_held):
                     m.d.comb += clr.eq(1)
                     m.d.sync += [
+                        start_held.eq(0),
                         n_bags.eq(cmd.num_tables * cmd.batch_size),
                         gmul.eq((cmd.batch_size - 1) * cmd.row_pitch_lines),
                         err.eq(NdpError.OK), err_info.eq(0), media_err.eq(0), media_info.eq(0),
@@ -1295,4 +1314,11 @@ class UpdateEngine(wiring.Component):
         with m.If(clr):
             m.d.sync += [mf_valid.eq(0), ff_valid.eq(0), c_head.eq(0), c_tail.eq(0), con_valid.eq(0),
                          completed.eq(0)] + [h.eq(0) for h in hz_valid]
+        # The INIT sweep (placed last: it overrides the ports' other drivers, idle anyway).
+        with m.If(state == Main.INIT):
+            m.d.comb += [tag_wp.addr.eq(init_ctr), tag_wp.data.eq(0), tag_wp.en.eq((1 << W) - 1),
+                         slot_wp.addr.eq(init_ctr), slot_wp.data.as_value().eq(0), slot_wp.en.eq(1),
+                         arr_clr.addr.eq(init_ctr), arr_clr.en.eq(1),
+                         garr_clr.addr.eq(init_ctr), garr_clr.en.eq(1),
+                         filt_wp.addr.eq(init_ctr), filt_wp.data.eq(0), filt_wp.en.eq(1)]
         return m

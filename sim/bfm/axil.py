@@ -4,7 +4,8 @@
 hw/common/axi.py). ``await read(addr)`` -> int and ``await write(addr, data, strb=0xF)``
 issue one transaction at a time (a lock serializes callers) and raise ``AxiLiteError``
 on a SLVERR/DECERR response. Valid signals follow the AMBA rules (asserted without waiting
-for ready, held until the handshake).
+for ready, held until the handshake). ``abort()`` drives the manager idle after a cancelled
+transaction (a power cut).
 
 Why not cocotbext-axi here: its channel monitors wake on every clock cycle even when no
 transaction is pending, which cost ~25% of simulation speed in the device regression; this
@@ -33,6 +34,11 @@ class AxiLiteManager:
                      "arready", "rdata", "rresp", "rvalid", "rready"):
             setattr(self, name, sig(name))
         for name in ("awvalid", "wvalid", "bready", "arvalid", "rready", "awprot", "arprot"):
+            getattr(self, name).value = 0
+
+    def abort(self) -> None:
+        """Drive every manager signal idle (after a cancelled transaction, e.g. at a power cut)."""
+        for name in ("awvalid", "wvalid", "bready", "arvalid", "rready"):
             getattr(self, name).value = 0
 
     async def read(self, addr: int) -> int:

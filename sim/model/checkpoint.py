@@ -60,7 +60,8 @@ and the same result (idempotent; a crash during recovery is recovered by recover
 
 Training state: ``CheckpointedTraining(tables, modes, batch_size, batches, grads, lr,
 mlp=None)``: ``tables_after(n)`` = the tables after n applied batches (sim/model/embedding
-``tbe_sgd_step`` applied to batches 0..n-1; snapshots cached), ``expected_log(k, layout)``
+``tbe_sgd_step`` applied to batches 0..n-1; snapshots cached, ``forget_before(n)`` drops
+those before n), ``expected_log(k, layout)``
 = ``expected_log_entries`` of batch k on ``tables_after(k)``, and ``mlp_image(k)`` = the MLP
 image an MLP log taken during batch k must hold: the parameters after k applied batches
 (``mlp.image_lines(k)``, a GpuAgent of sim/bfm/gpu_agent.py or any object with it);
@@ -583,6 +584,12 @@ class CheckpointedTraining:
             self.step(tables, k)
             self._snapshots[k + 1] = [t.copy() for t in tables]
         return [t.copy() for t in tables]
+
+    def forget_before(self, n: int) -> None:
+        """Drop cached snapshots before n applied batches (except the initial tables): long
+        runs that never go back past n keep memory bounded."""
+        for k in [k for k in self._snapshots if 0 < k < n]:
+            del self._snapshots[k]
 
     def touched_rows(self, k: int) -> list[tuple[int, int]]:
         b = self.batches[k]

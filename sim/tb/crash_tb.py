@@ -1,0 +1,269 @@
+"""The power-failure campaign: train through the device, cut power, recover, check, resume.
+
+``CrashCampaign(run, points, rng, phases=PHASES)`` drives a ``CheckpointedRun``
+(sim/tb/ckpt_run.py). Point i aims at phase ``order[i]``; the order cycles through
+``phases`` (each round shuffled by ``rng``), so every phase is aimed at once per round:
+
+- ``lookup``, ``logging``, ``update``, ``mlp_log``: the cut comes a random number of cycles
+  after the command is submitted in the target batch (uniform over the command's last
+  measured duration; an MLP_LOG queued behind a LOG also waits out the LOG's).
+- ``flag_write``: the cut comes 0..WR_LAT+8 cycles after the media accepted the write of a
+  persistent flag (LOG's LOGGED record, UPDATE's APPLIED record or MLP_LOG's MLP_LOGGED
+  record, picked at random): while that write is in flight (torn) or just durable. The
+  media's write watch (``PmemChannel.watch``) finds the cycle.
+- ``release``: the same around a release: LOG's FREE record over its slot (the batch two
+  back) or MLP_LOG's FREE record over the other MLP slot.
+- ``recovery``: a first cut as above (a random command phase), then a second one during the
+  first RECOVER; RECOVER runs again.
+The target batch is the next batch or the one after. Cuts tear in-flight writes with a
+random ``tear_seed``.
+
+After every power cycle the point runs RECOVER and checks: the result equals
+``golden_recover`` on the PMEM image taken just before (the CSR-visible fields and the
+error); every table row equals the golden tables after the reported embedding batches; the
+MLP log reported equals the GPU's parameters at its batch; no acknowledged UPDATE or
+MLP_LOG was lost (``lost_acknowledged_writes``). A consistent point resumes training from
+the recovered batch; the campaign stops at the first inconsistent point (later points
+would start from a corrupt state). At the end, two more batches are trained and every table
+is compared with the golden model. A cut's phase is classified from PMEM after the cut:
+the first pending command without its completion in the completion ring (``idle`` when
+none); a watched flag / release cut counts as such only when its command was still running.
+
+The cocotb test ``crash_campaign`` (driven by ``trainingcxl crash``, tools/crash_cmd.py)
+reads TCXL_CRASH_MODEL (default rm-tiny), TCXL_CRASH_POINTS, TCXL_CRASH_PHASES (comma list,
+default all), TCXL_CRASH_SCHEDULE (cxl-b | cxl-d), TCXL_SEED and TCXL_RESULT_JSON.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import cocotb
+from cocotb.triggers import ClockCycles, Event, RisingEdge
+
+from hw.checkpoint.log_format import RECORD_LINE_APPLIED, RECORD_LINE_LOGGED
+from hw.mem.port import split_line_address
+from hw.ndp.command import NdpError
+from sim.env import DeviceEnv
+from sim.model.checkpoint import golden_recover
+from sim.model.dlrm import get_preset
+from sim.model.pmem_params import media_verilog_parameters
+from sim.model.trace import generate_trace
+from sim.tb.ckpt_run import CheckpointedRun
+from sim.tb.ndp_run_tb import write_result
+
+PHASES = ("lookup", "logging", "flag_write", "update", "mlp_log", "release", "recovery")
+COMMAND_PHASES = ("lookup", "logging", "update", "mlp_log")
+DEFAULT_ESTIMATE = 3000          # cycles, before a command's duration was measured
+WATCH_LIMIT = 2_000_000          # cycles to wait for a watched write before cutting anyway
+
+
+class CutPlan:
+    """Where point i cuts: ``hook_phase`` of batch ``batch``, then a delay or a watched write."""
+
+    def __init__(self, aim: str, batch: int, hook_phase: str, delay: int = 0,
+                 watch_line: int | None = None, nth: int = 1, extra: int = 0):
+        self.aim, self.batch, self.hook_phase = aim, batch, hook_phase
+        self.delay, self.watch_line, self.nth, self.extra = delay, watch_line, nth, extra
+        self.fired_cycle: int | None = None
+        self.seq: int | None = None       # the hooked command's sequence number
+
+    def __str__(self) -> str:
+        how = (f"{self.extra} cycles after write {self.nth} to line {self.watch_line:#x}"
+               if self.watch_line is not None else f"{self.delay} cycles after submitting")
+        return f"{self.aim}: batch {self.batch} {self.hook_phase}, {how}"
+
+
+class CrashCampaign:
+    def __init__(self, run: CheckpointedRun, points: int, rng: random.Random, phases=PHASES):
+        unknown = set(phases) - set(PHASES)
+        if unknown or not phases:
+            raise ValueError(f"phases must be among {PHASES}, got {phases}")
+        self.run, self.env, self.points, self.rng = run, run.env, points, rng
+        self.order = []
+        while len(self.order) < points:
+            block = list(phases)
+            rng.shuffle(block)
+            self.order += block
+        self.order = self.order[:points]
+        self.wr_lat = media_verilog_parameters(self.env.config.clock_mhz, depth_lines=1, id_width=1,
+                                               addr_width=7)["WR_LAT"]
+        self.result = {"points": 0, "consistent": 0, "inconsistent": 0, "lost_acknowledged_writes": 0,
+                       "phases_hit": {p: 0 for p in PHASES + ("idle",)}, "phases_aimed": {p: 0 for p in PHASES},
+                       "cuts": 0, "rolled_back": 0, "failures": []}
+
+    # ---- planning
+    def estimate(self, phase: str) -> int:
+        return max(1, self.run.cycles.get(phase, DEFAULT_ESTIMATE))
+
+    def plan(self, aim: str) -> CutPlan:
+        rng, run = self.rng, self.run
+        batch = run.next_batch + rng.randrange(2)
+        if aim == "recovery":
+            aim_first = rng.choice(COMMAND_PHASES)
+            return CutPlan("recovery", batch, aim_first, delay=self._delay(aim_first))
+        if aim in COMMAND_PHASES:
+            return CutPlan(aim, batch, aim, delay=self._delay(aim))
+        slot_base = run.region.slot_base(batch & 1)
+        # The MLP slot is chosen when the batch's logs are submitted; resolved in the hook.
+        choices = {"flag_write": [("logging", slot_base + RECORD_LINE_LOGGED, 2),
+                                  ("update", slot_base + RECORD_LINE_APPLIED, 1),
+                                  ("mlp_log", "own", 2)],
+                   "release": [("logging", slot_base + RECORD_LINE_LOGGED, 1),
+                               ("mlp_log", "other", 1)]}[aim]
+        hook_phase, line, nth = rng.choice(choices)
+        return CutPlan(aim, batch, hook_phase, watch_line=line, nth=nth, extra=rng.randrange(self.wr_lat + 9))
+
+    def _delay(self, phase: str) -> int:
+        d = self.rng.randrange(self.estimate(phase))
+        if phase == "mlp_log" and self.run.schedule != "none":
+            d += self.estimate("logging")       # queued behind the LOG
+        return d
+
+    # ---- cutting
+    def hook_for(self, plan: CutPlan, fire):
+        armed = [True]
+
+        async def hook(phase: str, k: int) -> None:
+            if armed[0] and phase == plan.hook_phase and k == plan.batch:
+                armed[0] = False
+                if plan.watch_line in ("own", "other"):
+                    slot = self.run.mlp_next_slot ^ (plan.watch_line == "other")
+                    plan.watch_line = self.run.region.mlp_slot(slot)
+                plan.seq = self.run.driver.submitted     # the command about to be submitted
+                cocotb.start_soon(self._cutter(plan, fire))
+        return hook
+
+    async def _cutter(self, plan: CutPlan, fire) -> None:
+        if plan.watch_line is None:
+            await ClockCycles(self.env.clk, max(1, plan.delay))
+        else:
+            ch, local = split_line_address(plan.watch_line, self.env.config.channels)
+            media = self.env.media[ch]
+            media.watch(local)
+            base = media.watch_count()
+            for _ in range(WATCH_LIMIT):
+                await RisingEdge(self.env.clk)
+                if (media.watch_count() - base) & 0xFFFF_FFFF >= plan.nth:
+                    break
+            media.watch(None)
+            if plan.extra:
+                await ClockCycles(self.env.clk, plan.extra)
+        plan.fired_cycle = self.env.host.cycle
+        fire()
+
+    async def cut_during(self, work, plan: CutPlan) -> str | None:
+        """Run ``work(hook)`` until the plan's cut fires; then cut power and power up again.
+        Returns the phase the cut landed in, or None when ``work`` finished first."""
+        done, state = Event(), {}
+
+        def fire():
+            state["cut"] = True
+            done.set()
+
+        async def worker():
+            try:
+                await work(self.hook_for(plan, fire))
+            except Exception as exc:      # noqa: BLE001  (re-raised below)
+                state["error"] = exc
+            finally:
+                done.set()
+        task = cocotb.start_soon(worker())
+        await done.wait()
+        if "cut" not in state:
+            if "error" in state:
+                raise state["error"]
+            return None
+        task.cancel()
+        landed = await self.run.power_cycle(self.rng.randrange(1 << 32))
+        cut = self.run.cut_command
+        if plan.watch_line is not None and cut is not None and cut.seq == plan.seq:
+            landed = plan.aim
+        self.result["cuts"] += 1
+        self.result["phases_hit"][landed] += 1
+        return landed
+
+    # ---- one point
+    async def run_point(self, i: int) -> bool:
+        aim = self.order[i]
+        run = self.run
+        plan = self.plan(aim)
+        self.result["phases_aimed"][aim] += 1
+        total = len(run.batches)
+        landed = await self.cut_during(lambda hook: run.train(total, hook), plan)
+        if landed is None:
+            raise RuntimeError(f"point {i}: training ended before the cut ({plan})")
+        landings = [landed]
+        if aim == "recovery":
+            rplan = CutPlan("recovery", run.next_batch, "recovery", delay=self._delay("recovery"))
+            second = await self.cut_during(lambda hook: run.recover(hook), rplan)
+            if second is not None:
+                landings.append(second)
+        golden = golden_recover(run.driver.backdoor.read_line, run.region, apply=False)
+        completion, res = await run.recover(expect=golden.error or NdpError.OK)
+        problems = [f"recovery differs from the golden model: {m}" for m in golden.mismatches(res)]
+        if golden.error != NdpError.OK:
+            problems.append(f"the log is corrupt: {golden.problem}")
+        more, lost = run.check_recovered(res)
+        problems += more
+        self.result["points"] += 1
+        self.result["lost_acknowledged_writes"] += lost
+        self.result["rolled_back"] += int(res.rolled_back)
+        self.env.dut._log.info(
+            f"point {i + 1}/{self.points}: aimed {plan}; landed in {', '.join(landings)}; recovered "
+            f"{res.emb_batches if res.emb_valid else 0} batches{' (rolled back)' if res.rolled_back else ''}, MLP log "
+            f"{'batch ' + str(res.mlp_batch) if res.mlp_valid else 'none'}; "
+            f"{'CONSISTENT' if not problems else 'INCONSISTENT'}")
+        if problems:
+            self.result["inconsistent"] += 1
+            self.result["failures"].append({"point": i, "aimed": str(plan), "landed": landings,
+                                             "problems": problems[:10]})
+            return False
+        self.result["consistent"] += 1
+        run.resume(res)
+        return True
+
+    async def run_all(self) -> dict:
+        for i in range(self.points):
+            if not await self.run_point(i):
+                break
+        return self.result
+
+
+@cocotb.test()
+async def crash_campaign(dut):
+    """``trainingcxl crash``: TCXL_CRASH_POINTS power cuts, each recovered and checked."""
+    env = await DeviceEnv.create(dut)
+    model = os.environ.get("TCXL_CRASH_MODEL", "rm-tiny")
+    points = int(os.environ.get("TCXL_CRASH_POINTS", "7"))
+    phases = tuple(p for p in os.environ.get("TCXL_CRASH_PHASES", ",".join(PHASES)).split(",") if p)
+    schedule = os.environ.get("TCXL_CRASH_SCHEDULE", "cxl-b")
+    trace = generate_trace(get_preset(model), 4, env.seed)
+    run = CheckpointedRun(env, trace, total_batches=2 * points + 8, schedule=schedule)
+    campaign = CrashCampaign(run, points, random.Random(env.seed ^ 0xC0A57), phases)
+    result = {"model": model, "seed": env.seed, "schedule": schedule, "verified": False, **campaign.result}
+    t0, start = time.perf_counter(), env.host.cycle
+    try:
+        await run.setup()
+        await campaign.run_all()
+        if not campaign.result["inconsistent"]:
+            await run.train(run.next_batch + 2)
+            run.verify_all_tables("after the campaign")
+            summary = await env.finish()
+            env.assert_clean()
+            problems = run.finish_cache_side()
+            assert not problems, f"seed {env.seed}: CXL.cache problems:\n" + "\n".join(problems)
+            result["verified"] = True
+            result["protocol_violations"] = summary["protocol_violations"]
+        result.update(campaign.result)
+    except BaseException as exc:
+        result.update(campaign.result)
+        result["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        raise
+    finally:
+        result.update({"batches_trained": run.next_batch, "sim_cycles": env.host.cycle - start,
+                       "wall_seconds": round(time.perf_counter() - t0, 1)})
+        write_result(result)
+    assert not result["inconsistent"] and not result["lost_acknowledged_writes"], \
+        f"seed {env.seed}: {result['inconsistent']} inconsistent points: {result['failures'][:2]}"
