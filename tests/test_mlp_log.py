@@ -1,9 +1,9 @@
 """MlpLogEngine (hw/checkpoint/mlp_log.py) alone in Amaranth's simulator.
 
-A Python memory stand-in (random latencies and stalls, responses out of order, reads see
-accepted writes) and a CXL.cache stand-in for the GPU memory (random latencies, out of
-order, optional error answers) surround the engine. Expected record lines are built
-independently: ``StructCodec(LogRecord)`` and ``zlib.crc32`` on the line's bytes.
+A Python memory stand-in (tests/pysim_memory.py: random latencies and stalls, responses
+out of order, reads see accepted writes) and a CXL.cache stand-in for the GPU memory (random
+latencies, out of order, optional error answers) surround the engine. Expected record lines
+are built independently: ``StructCodec(LogRecord)`` and ``zlib.crc32`` on the line's bytes.
 Random tests print their seed; replay with TCXL_SEED=<seed>."""
 import os
 import random
@@ -16,6 +16,7 @@ from hw.checkpoint.log_format import LOG_MAGIC, LogRecord, LogRegion, LogState
 from hw.checkpoint.mlp_log import MlpLogEngine
 from hw.cxl_controller.cache_port import CacheOp
 from hw.ndp.command import AddressFault, CommandDescriptor, NdpError, NdpOpcode
+from pysim_memory import MemModel
 from sim.model.codec import StructCodec
 
 CMD = StructCodec(CommandDescriptor)
@@ -37,53 +38,6 @@ def _seed() -> int:
 def record(state: LogState, slot: int, batch: int, count: int = 0, lines: int = 0) -> int:
     word = REC.pack(magic=LOG_MAGIC, state=state, slot=slot, batch=batch, count=count, lines=lines, crc=0)
     return word | REC.pack(crc=zlib.crc32(word.to_bytes(64, "little")))
-
-
-class MemModel:
-    """Device memory behind one client port: writes land at acceptance, acks come later."""
-
-    def __init__(self, port, mem, prng, wr_error=(), lat=(2, 25)):
-        self.port, self.mem, self.prng, self.lat = port, mem, prng, lat
-        self.pending = []                 # [due, kind, ctx, addr, data]
-        self.wr_error = set(wr_error)
-        self.events = []                  # (cycle, "w"/"a"/"r", addr)
-
-    def drive(self, ctx, cycle):
-        p = self.port
-        ctx.set(p.req.ready, int(self.prng.random() < 0.75))
-        for kind in ("rd_rsp", "wr_rsp"):
-            ch = getattr(p, kind)
-            due = [e for e in self.pending if e[1] == kind and e[0] <= cycle]
-            if due and self.prng.random() < 0.9:
-                e = self.prng.choice(due)
-                ctx.set(ch.valid, 1)
-                ctx.set(ch.payload.ctx, e[2])
-                if kind == "rd_rsp":
-                    ctx.set(ch.payload.data, e[4])
-                    ctx.set(ch.payload.error, 0)
-                else:
-                    ctx.set(ch.payload.error, int(e[3] in self.wr_error))
-                if ctx.get(ch.ready):
-                    self.pending.remove(e)
-                    if kind == "wr_rsp":
-                        self.events.append((cycle, "a", e[3]))
-            else:
-                ctx.set(ch.valid, 0)
-
-    def sample(self, ctx, cycle):
-        p = self.port
-        if ctx.get(p.req.valid) and ctx.get(p.req.ready):
-            addr = ctx.get(p.req.payload.addr)
-            assert addr < CAP
-            lat = self.prng.randint(*self.lat)
-            if ctx.get(p.req.payload.write):
-                assert ctx.get(p.req.payload.strb) == (1 << 64) - 1
-                self.mem[addr] = ctx.get(p.req.payload.data)
-                self.pending.append([cycle + lat, "wr_rsp", ctx.get(p.req.payload.ctx), addr, None])
-                self.events.append((cycle, "w", addr))
-            else:
-                self.pending.append([cycle + lat, "rd_rsp", ctx.get(p.req.payload.ctx), addr, self.mem.get(addr, 0)])
-                self.events.append((cycle, "r", addr))
 
 
 class CacheModel:
@@ -130,7 +84,7 @@ def run(mem, host, region, cmds, seed, cache_err=(), wr_err=(), mem_lat=(2, 25))
     Returns one result dict per command (error, info, stats, events of that command)."""
     prng = random.Random(seed)
     dut = MlpLogEngine(addr_bits=12, capacity_lines=CAP, id_base=ID_BASE, max_outstanding=MAX_OUT)
-    mm = MemModel(dut.mem, mem, prng, wr_err, mem_lat)
+    mm = MemModel(dut.mem, mem, prng, capacity=CAP, ready_p=0.75, rsp_p=0.9, wr_error=wr_err, lat=mem_lat)
     cm = CacheModel(dut.cache, host, prng, cache_err)
     results = []
 
@@ -158,7 +112,7 @@ def run(mem, host, region, cmds, seed, cache_err=(), wr_err=(), mem_lat=(2, 25))
                                     "stats": st, "events": mm.events[ev0:], "reads": cm.reads[rd0:]})
                     # everything the command started has finished
                     assert not cm.pending, "cache reads still in flight at done"
-                    assert not [e for e in mm.pending if e[1] == "wr_rsp"], "writes not acknowledged at done"
+                    assert not mm.outstanding_writes(), "writes not acknowledged at done"
                     break
                 await ctx.tick()
                 cycle += 1

@@ -2,7 +2,7 @@
 
 Log images are built in Python from the layouts (``StructCodec``) with ``zlib.crc32`` on the
 line bytes (byte i = bits 8i..8i+7), independently of the RTL's CRC. A memory stand-in
-answers out of order with random latencies and stalls; reads see accepted writes; a power
+(tests/pysim_memory.py) answers out of order with random latencies and stalls; reads see accepted writes; a power
 failure tears the writes in flight at 8-byte granularity. Random tests print their seed;
 replay with TCXL_SEED=<seed>."""
 import os
@@ -16,6 +16,7 @@ from hw.checkpoint.log_format import ENTRY_MAGIC, LOG_MAGIC, EntryHeader, LogRec
 from hw.checkpoint.recovery import RecoveryEngine
 from hw.mem.line_reader import LineReader
 from hw.ndp.command import AddressFault, CommandDescriptor, NdpError, NdpOpcode
+from pysim_memory import MemModel
 from sim.model.codec import StructCodec
 
 CMD = StructCodec(CommandDescriptor)
@@ -60,63 +61,6 @@ def tear(new: int, old: int, rng) -> int:
     return out
 
 
-class MemModel:
-    """Device memory behind one client port (writes land at acceptance; acks come later)."""
-
-    def __init__(self, port, mem, prng, rd_error=(), wr_error=(), ready_p=0.75, lat=(2, 25)):
-        self.port, self.mem, self.prng = port, mem, prng
-        self.pending = []                 # [due, kind, ctx, addr, data or old value]
-        self.rd_error, self.wr_error = set(rd_error), set(wr_error)
-        self.ready_p, self.lat = ready_p, lat
-        self.writes = []                  # (addr, data)
-        self.reads = 0
-
-    def drive(self, ctx, cycle):
-        p = self.port
-        ctx.set(p.req.ready, int(self.prng.random() < self.ready_p))
-        for kind in ("rd_rsp", "wr_rsp"):
-            ch = getattr(p, kind)
-            due = [e for e in self.pending if e[1] == kind and e[0] <= cycle]
-            if due:
-                e = self.prng.choice(due)
-                ctx.set(ch.valid, 1)
-                ctx.set(ch.payload.ctx, e[2])
-                if kind == "rd_rsp":
-                    ctx.set(ch.payload.data, e[4])
-                    ctx.set(ch.payload.error, int(e[3] in self.rd_error))
-                else:
-                    ctx.set(ch.payload.error, int(e[3] in self.wr_error))
-                if ctx.get(ch.ready):
-                    self.pending.remove(e)
-            else:
-                ctx.set(ch.valid, 0)
-
-    def sample(self, ctx, cycle):
-        p = self.port
-        if ctx.get(p.req.valid) and ctx.get(p.req.ready):
-            addr = ctx.get(p.req.payload.addr)
-            assert addr < CAP
-            due = cycle + self.prng.randint(*self.lat)
-            if ctx.get(p.req.payload.write):
-                assert ctx.get(p.req.payload.strb) == (1 << 64) - 1
-                data = ctx.get(p.req.payload.data)
-                self.pending.append([due, "wr_rsp", ctx.get(p.req.payload.ctx), addr, self.mem.get(addr, 0)])
-                self.mem[addr] = data
-                self.writes.append((addr, data))
-            else:
-                self.reads += 1
-                self.pending.append([due, "rd_rsp", ctx.get(p.req.payload.ctx), addr, self.mem.get(addr, 0)])
-
-    def power_fail(self, rng):
-        """Unacknowledged writes: each 8-byte word old or new (later writes tear over earlier)."""
-        for e in self.pending:
-            if e[1] == "wr_rsp":
-                new, old = self.mem[e[3]], e[4]
-                self.mem[e[3]] = sum(((new if rng.random() < 0.5 else old) >> 64 * w & WORD) << 64 * w
-                                     for w in range(8))
-        self.pending.clear()
-
-
 OUTS = ("emb_valid", "emb_batches", "rolled_back", "mlp_valid", "mlp_batch", "mlp_slot")
 
 
@@ -126,8 +70,12 @@ def recover(mem, seed, region=REGION, rd_error=(), wr_error=(), fail_at=None, ru
     (its result says how many writes were accepted and torn). Returns the list of results."""
     prng = random.Random(seed)
     dut = RecoveryEngine(addr_bits=12, capacity_lines=CAP)
-    mm = MemModel(dut.mem, mem, prng, rd_error, wr_error, lat=lat)
+    mm = MemModel(dut.mem, mem, prng, capacity=CAP, rd_error=rd_error, wr_error=wr_error, lat=lat)
     results = []
+
+    def written(w0):
+        """(addr, data) of the writes accepted since trace position ``w0``."""
+        return [(w[0], w[3]) for w in mm.writes[w0:]]
 
     async def bench(ctx):
         for o in OUTS:
@@ -138,25 +86,25 @@ def recover(mem, seed, region=REGION, rd_error=(), wr_error=(), fail_at=None, ru
             ctx.set(dut.region.as_value(), REG.pack(**run_region))
             ctx.set(dut.ctl.cmd.as_value(), CMD.pack(opcode=NdpOpcode.RECOVER, tag=3))
             ctx.set(dut.ctl.start, 1)
-            w0, r0 = len(mm.writes), mm.reads
+            w0, r0 = len(mm.writes), len(mm.reads)
             await ctx.tick()
             cycle += 1
             ctx.set(dut.ctl.start, 0)
             for n in range(20000):
                 if fail_at is not None and n == fail_at:
-                    results.append({"power_fail": True, "writes": mm.writes[w0:],
-                                    "torn": sum(e[1] == "wr_rsp" for e in mm.pending)})
+                    results.append({"power_fail": True, "writes": written(w0),
+                                    "torn": mm.outstanding_writes()})
                     mm.power_fail(prng)
                     return
                 mm.drive(ctx, cycle)
                 mm.sample(ctx, cycle)
                 if ctx.get(dut.ctl.done):
                     res = {"error": NdpError(ctx.get(dut.ctl.error)), "info": ctx.get(dut.ctl.error_info),
-                           "writes": mm.writes[w0:], "cycles": n,
+                           "writes": written(w0), "cycles": n,
                            "stats": {f: ctx.get(getattr(dut.ctl.stats, f))
                                      for f in ("rows_written", "unique_rows", "lines_read", "lines_written")}}
-                    assert res["stats"]["lines_read"] == mm.reads - r0
-                    assert not [e for e in mm.pending if e[1] == "wr_rsp"], "writes not acknowledged at done"
+                    assert res["stats"]["lines_read"] == len(mm.reads) - r0
+                    assert not mm.outstanding_writes(), "writes not acknowledged at done"
                     await ctx.tick()
                     cycle += 1
                     res.update({o: ctx.get(getattr(dut, o)) for o in OUTS})
@@ -506,7 +454,7 @@ def _line_reader_run(seed, jobs, ready_p, lat, out_ready_p, rd_error=()):
     prng = random.Random(seed)
     mem = {a: prng.getrandbits(512) for a in range(CAP)}
     dut = LineReader(addr_bits=12, depth=16)
-    mm = MemModel(dut.mem, mem, prng, rd_error=rd_error, ready_p=ready_p, lat=lat)
+    mm = MemModel(dut.mem, mem, prng, capacity=CAP, rd_error=rd_error, ready_p=ready_p, lat=lat)
     got = []
 
     async def bench(ctx):

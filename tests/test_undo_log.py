@@ -1,12 +1,12 @@
 """UndoLogEngine (hw/checkpoint/undo_log.py) alone in Amaranth's simulator, against an independent golden.
 
-A Python memory model answers the engine's port with random latency, out of order, with random
-``req.ready`` stalls; reads return the memory as of their acceptance (they see every earlier accepted
-write). Table descriptors come from a 1-cycle read port as the command processor's memory gives them.
-The golden expectations (distinct (table, row) keys, old row values, CRCs with zlib.crc32 on bytes)
-are computed here from the arrays, without the RTL's CRC code. Several commands run back to back in
-one simulation (the engine must be reusable after an error). Random tests print their seed and take
-TCXL_SEED to replay.
+A Python memory model (tests/pysim_memory.py) answers the engine's port with random latency, out of
+order, with random ``req.ready`` stalls; reads return the memory as of their acceptance (they see every
+earlier accepted write). Table descriptors come from a 1-cycle read port as the command processor's
+memory gives them. The golden expectations (distinct (table, row) keys, old row values, CRCs with
+zlib.crc32 on bytes) are computed here from the arrays, without the RTL's CRC code. Several commands run
+back to back in one simulation (the engine must be reusable after an error). Random tests print their
+seed and take TCXL_SEED to replay.
 """
 import os
 import random
@@ -20,6 +20,7 @@ from hw.checkpoint.log_format import (ENTRY_MAGIC, LOG_MAGIC, RECORD_LINE_LOGGED
                                       LogRecord, LogRegion, LogState)
 from hw.checkpoint.undo_log import UndoLogEngine
 from hw.ndp.command import AddressFault, CommandDescriptor, EngineStats, NdpError, NdpOpcode, TableDescriptor
+from pysim_memory import MemModel
 from sim.model.codec import StructCodec
 
 CMD = StructCodec(CommandDescriptor)
@@ -130,14 +131,13 @@ def run(dut, mem, jobs, *, max_cycles=200_000, seed=0, latency=(3, 40), wr_laten
     Each result has the error, info, stats, cycles and the memory trace of the command: ``writes``
     (addr, accept cycle, response cycle, data) and ``reads`` (addr, accept cycle)."""
     prng = random.Random(seed)
+    mm = MemModel(dut.mem, mem, prng, capacity=CAP, ready_p=ready_p, lat=latency, wr_lat=wr_latency, poison=poison)
     results = []
 
     async def bench(ctx):
         cycle = 0
-        port = dut.mem
         for batch, region in jobs:
-            pending = []                # [due, kind, ctx, data/None, write record]
-            writes, reads = [], []
+            w0, r0 = len(mm.writes), len(mm.reads)
             ctx.set(dut.ctl.cmd.as_value(), batch.cmd)
             ctx.set(dut.region.as_value(), REG.pack(**region))
             ctx.set(dut.ctl.start, 1)
@@ -152,46 +152,14 @@ def run(dut, mem, jobs, *, max_cycles=200_000, seed=0, latency=(3, 40), wr_laten
                         TBL.pack(**batch.descs[last_index]) if last_index < len(batch.descs) else 0)
                 last_index = ctx.get(dut.ctl.table_index)
                 assert ctx.get(dut.ctl.busy)
-                ctx.set(port.req.ready, int(prng.random() < ready_p))
-                for kind in ("rd_rsp", "wr_rsp"):
-                    ch = getattr(port, kind)
-                    due = [e for e in pending if e[1] == kind and e[0] <= cycle]
-                    if due:
-                        e = prng.choice(due)
-                        ctx.set(ch.valid, 1)
-                        ctx.set(ch.payload.ctx, e[2])
-                        if kind == "rd_rsp":
-                            ctx.set(ch.payload.data, e[3])
-                            ctx.set(ch.payload.poison, int(e[4] in poison))
-                        if ctx.get(ch.ready):
-                            pending.remove(e)
-                            if kind == "wr_rsp":
-                                e[4][2] = cycle
-                    else:
-                        ctx.set(ch.valid, 0)
-                if ctx.get(port.req.valid) and ctx.get(port.req.ready):
-                    addr = ctx.get(port.req.payload.addr)
-                    rctx = ctx.get(port.req.payload.ctx)
-                    assert addr < CAP
-                    lat = prng.randint(*latency)
-                    if ctx.get(port.req.payload.write):
-                        if wr_latency:
-                            lat = prng.randint(*wr_latency)
-                        assert ctx.get(port.req.payload.strb) == (1 << 64) - 1
-                        assert ctx.get(port.req.payload.poison) == 0
-                        data = ctx.get(port.req.payload.data)
-                        mem[addr] = data
-                        w = [addr, cycle, None, data]
-                        writes.append(w)
-                        pending.append([cycle + lat, "wr_rsp", rctx, None, w])
-                    else:
-                        reads.append((addr, cycle))
-                        pending.append([cycle + lat, "rd_rsp", rctx, mem.get(addr, 0), addr])
+                mm.drive(ctx, cycle)
+                mm.sample(ctx, cycle)
                 if ctx.get(dut.ctl.done):
-                    assert not pending, "done with responses outstanding"
+                    assert not mm.pending, "done with responses outstanding"
                     stats = STATS.unpack(ctx.get(dut.ctl.stats.as_value()))
                     results.append({"error": NdpError(ctx.get(dut.ctl.error)), "info": ctx.get(dut.ctl.error_info),
-                                    "stats": stats, "cycles": cycle - start, "writes": writes, "reads": reads})
+                                    "stats": stats, "cycles": cycle - start, "writes": mm.writes[w0:],
+                                    "reads": mm.reads[r0:]})
                     await ctx.tick()
                     cycle += 1
                     assert not ctx.get(dut.ctl.busy)

@@ -4,7 +4,8 @@ Everything here is in device PMEM and survives a power failure (architecture.md 
 engines (hw/checkpoint/), the command processor and the simulation golden models
 (sim/model/checkpoint.py) all take layouts and constants from this file.
 
-Region geometry comes from CSRs (``CKPT_*``, hw/cxl_controller/csr_map.py) as a ``LogRegion``:
+Region geometry comes from CSRs (``CKPT_*``, hw/cxl_controller/csr_map.py) as a ``LogRegion``
+(``log_region_fits``: the embedding log's bounds check, one form for every user):
 
 Embedding undo log: two slots, batch k uses slot ``k & 1``, slot s at
 ``log_base + s * slot_lines``:
@@ -32,6 +33,7 @@ Batch numbers: batch k is the (k+1)-th training batch. "Applied batches" n means
 hold the state after batches 0 .. n-1 (n = 0: the initial tables). The MLP log taken during
 batch k holds the parameters after k applied batches.
 """
+from amaranth import Value
 from amaranth.lib import data, enum
 
 from ..common.cxl_mem import LINE_ADDR_BITS
@@ -43,6 +45,7 @@ CRC_INIT = 0xFFFF_FFFF           # zlib.crc32's register preset (and final xor)
 RECORD_LINE_LOGGED = 0           # slot line of the LOGGED record
 RECORD_LINE_APPLIED = 1          # slot line of the APPLIED record
 SLOT_HEADER_LINES = 2            # entries start here
+MIN_SLOT_LINES = SLOT_HEADER_LINES + 1   # smallest usable slot: the record lines and one more
 
 
 class LogState(enum.Enum, shape=8):
@@ -92,6 +95,19 @@ def record_crc_offset() -> int:
 
 def entry_crc_offset() -> int:
     return EntryHeader.as_shape()["crc"].offset
+
+
+def log_region_end(region) -> Value:
+    """First line after the embedding log's two slots: ``log_base + 2*slot_lines`` (34 bits, no wrap).
+    ``region``: a LogRegion view."""
+    return region.log_base + (region.slot_lines << 1)
+
+
+def log_region_fits(region, capacity_lines: int) -> Value:
+    """1 iff the embedding log region is usable: ``slot_lines >= MIN_SLOT_LINES`` and both slots
+    end inside device memory (``log_region_end <= capacity_lines``); else the engines report
+    ADDRESS / AddressFault.LOG_REGION. ``region``: a LogRegion view."""
+    return (region.slot_lines >= MIN_SLOT_LINES) & (log_region_end(region) <= capacity_lines)
 
 
 def emb_slot_base(region_log_base: int, slot_lines: int, batch: int) -> int:

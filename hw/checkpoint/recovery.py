@@ -15,11 +15,12 @@ Sequence (formats in hw/checkpoint/log_format.py):
    ADDRESS / LOG_REGION; if ``mlp_lines != 0``, ``mlp_base + 2*(1+mlp_lines) <=
    capacity_lines``, else ADDRESS / MLP_REGION (``error_info`` = the AddressFault).
 2. Read the record lines: embedding slot 0 lines 0, 1, slot 1 lines 0, 1 and, if
-   ``mlp_lines != 0``, line 0 of both MLP slots. A record is valid iff its magic is
-   LOG_MAGIC, its crc equals zlib.crc32 of the line with the crc field zero, its ``slot``
-   is the slot it was read from and its state is the one of that line (LOGGED at line 0,
-   APPLIED at line 1, MLP_LOGGED at an MLP line 0; an MLP record also needs ``lines ==
-   mlp_lines``). A torn or never-written record is thereby absent.
+   ``mlp_lines != 0``, line 0 of both MLP slots. A record is valid iff
+   (hw/checkpoint/record_check.py) its magic is LOG_MAGIC, its crc equals zlib.crc32 of
+   the line with the crc field zero, its ``slot`` is the slot it was read from and its
+   state is the one of that line (LOGGED at line 0, APPLIED at line 1, MLP_LOGGED at an
+   MLP line 0); an MLP record also needs ``lines == mlp_lines``. A torn or never-written
+   record is thereby absent.
 3. Embedding: k = the greater batch among the slots with a valid LOGGED record (slot 0 on a
    tie). None: ``emb_valid`` = 0, ``emb_batches`` = 0. If that slot's APPLIED record is
    valid with batch k: ``emb_batches`` = k+1, nothing is written. Otherwise batch k's update
@@ -56,9 +57,9 @@ from ..mem.arbiter import client_port_signature
 from ..mem.line_reader import LineReader
 from ..ndp.command import AddressFault, NdpError, engine_control_signature
 from .crc import crc32_line
-from .log_format import (CRC_INIT, ENTRY_MAGIC, LOG_MAGIC, EntryHeader, LogRecord, LogRegion, LogState,
-                         SLOT_HEADER_LINES, RECORD_LINE_APPLIED, RECORD_LINE_LOGGED, entry_crc_offset,
-                         record_crc_offset)
+from .log_format import (CRC_INIT, ENTRY_MAGIC, EntryHeader, LogRecord, LogRegion, LogState, SLOT_HEADER_LINES,
+                         RECORD_LINE_APPLIED, RECORD_LINE_LOGGED, entry_crc_offset, log_region_end, log_region_fits)
+from .record_check import RECORD_CRC_MASK, record_valid
 
 MAX_ENTRY_LINES = 16
 # the record reads fetch lines LOGGED and APPLIED of a slot as one run of two lines
@@ -151,7 +152,7 @@ class RecoveryEngine(wiring.Component):
         hv = EntryHeader(line[:EntryHeader.as_shape().size])
 
         # ---- one CRC unit: record lines, entry headers (crc field zeroed), payloads -----
-        rec_mask = ~Const(0xFFFF_FFFF << record_crc_offset(), LINE_BITS)
+        rec_mask = ~RECORD_CRC_MASK
         ent_mask = ~Const(0xFFFF_FFFF << entry_crc_offset(), LINE_BITS)
         in_records = Signal()
         is_header = Signal()
@@ -176,13 +177,12 @@ class RecoveryEngine(wiring.Component):
                 with m.Case(i):
                     m.d.comb += [exp_slot.eq(slot), exp_state.eq(state)]
         rec_ok = Signal()
-        m.d.comb += rec_ok.eq(~beat.error & (rv.magic == LOG_MAGIC) & (crc_final == rv.crc) &
-                              (rv.slot == exp_slot) & (rv.state == exp_state) &
+        m.d.comb += rec_ok.eq(~beat.error & record_valid(line, slot=exp_slot, state=exp_state, crc=crc_final) &
                               ((rec_i < 4) | (rv.lines == reg.mlp_lines)))
 
         # ---- entry header checks ---------------------------------------------------------
         log_end = Signal(34)
-        m.d.comb += log_end.eq(reg.log_base + (reg.slot_lines << 1))
+        m.d.comb += log_end.eq(log_region_end(reg))
         hdr_end = Signal(34)
         row_end = Signal(34)
         m.d.comb += [hdr_end.eq(pos + 1 + hv.dim_lines), row_end.eq(hv.row_addr + hv.dim_lines)]
@@ -219,7 +219,7 @@ class RecoveryEngine(wiring.Component):
                     m.d.sync += [o.eq(0) for o, _ in outs]
                     m.next = "CHECK"
             with m.State("CHECK"):
-                with m.If((reg.slot_lines < SLOT_HEADER_LINES + 1) | (log_end > cap)):
+                with m.If(~log_region_fits(reg, cap)):
                     m.d.sync += [err.eq(NdpError.ADDRESS), err_info.eq(AddressFault.LOG_REGION)]
                     m.next = "DONE"
                 with m.Elif((reg.mlp_lines != 0) & (reg.mlp_base + ((reg.mlp_lines + 1) << 1) > cap)):

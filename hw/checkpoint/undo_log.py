@@ -105,7 +105,7 @@ from ..ndp.command import MAX_TABLES, TABLE_ID_BITS, AddressFault, NdpError, eng
 from ..ndp.element_reader import ElementReader
 from .crc import crc32_line, crc32_single_line
 from .log_format import (CRC_INIT, ENTRY_MAGIC, LOG_MAGIC, RECORD_LINE_LOGGED, SLOT_HEADER_LINES, EntryHeader,
-                         LogRecord, LogRegion, LogState, entry_crc_offset, record_crc_offset)
+                         LogRecord, LogRegion, LogState, entry_crc_offset, log_region_fits, record_crc_offset)
 
 MAX_BAG = 0xFFFF                 # the UPDATE engine's bag-length limit (Fp32DivInt's 16-bit L)
 WIDE = 40                        # range-check arithmetic that never wraps
@@ -439,8 +439,6 @@ class UndoLogEngine(wiring.Component):
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(self.ctl.start):
-                    region_end = Signal(WIDE)
-                    m.d.comb += region_end.eq(region.log_base + 2 * region.slot_lines)
                     m.d.sync += [
                         err.eq(NdpError.OK), err_info.eq(0), media.eq(0), media_info.eq(0),
                         slot.eq(cmd.batch[0]),
@@ -450,7 +448,7 @@ class UndoLogEngine(wiring.Component):
                         st_lookups.eq(0), st_lines_read.eq(0), st_lines_written.eq(0),
                         p_log.eq(0),
                     ]
-                    with m.If((region.slot_lines < 3) | (region_end > CAP)):
+                    with m.If(~log_region_fits(region, CAP)):
                         m.d.sync += [err.eq(NdpError.ADDRESS), err_info.eq(AddressFault.LOG_REGION)]
                         m.next = "DONE"
                     with m.Else():
