@@ -8,6 +8,7 @@
   trainingcxl regmap --format md      register map as Markdown / Python / C
   trainingcxl trace --preset P        a seeded DLRM trace (TBE layout, documented .npz format)
   trainingcxl run --model M ...       a model's embedding phase on the RTL, verified, JSON + table
+  trainingcxl crash --points N ...    power-failure campaign: cut, recover, check, resume; JSON + table
   trainingcxl fp32 --n 1000000        FP32 units against the exact reference, JSON + table
   trainingcxl waves TEST              open the last waveform of TEST in GTKWave
 
@@ -106,6 +107,8 @@ def _table(title: str, rows: dict) -> str:
     for k, v in rows.items():
         if isinstance(v, float):
             v = f"{v:.4g}"
+        elif isinstance(v, dict):
+            v = "(see the JSON)"
         lines.append(f"{k:<{width}}  {v}")
     return "\n".join(lines)
 
@@ -147,6 +150,11 @@ def cmd_stress(args) -> int:
     return 0 if ok else 1
 
 
+# checkpoint_overhead_* runs: model -> (batch size, rows cap), the largest that fit the
+# 16 MiB simulated device with both logs (see sim/tb/overhead_tb.py).
+OVERHEAD_RUNS = {"rm1": (64, 2048), "rm4": (512, 4096)}
+
+
 def cmd_bench(args) -> int:
     seed = _seed(args)
     t0 = time.perf_counter()
@@ -156,6 +164,12 @@ def cmd_bench(args) -> int:
         "TCXL_SEED": str(seed), "TCXL_TRANSACTIONS": str(args.transactions)})
     push = _run_harness_test("push_stream_bandwidth", {
         "TCXL_SEED": str(seed), "TCXL_BENCH_LINES": str(args.lines)}, "sim.tb.cxl_cache_tb")
+    overhead = {}
+    for model, (batch_size, rows_cap) in OVERHEAD_RUNS.items():
+        overhead[model] = _run_harness_test("checkpoint_overhead", {
+            "TCXL_SEED": str(seed), "TCXL_OVH_MODEL": model, "TCXL_OVH_BATCH_SIZE": str(batch_size),
+            "TCXL_OVH_ROWS_CAP": str(rows_cap), "TCXL_OVH_BATCHES": str(args.overhead_batches),
+            "TCXL_OVH_MLP_PROBE": "4096"}, "sim.tb.overhead_tb")
     from hw.config import DeviceConfig
     from sim.model.pmem_params import describe
     cfg = DeviceConfig.for_simulation()
@@ -170,6 +184,12 @@ def cmd_bench(args) -> int:
         "stress_mismatches": stress["mismatches"],
         "stress_protocol_violations": stress["protocol_violations"],
         "cache_push_efficiency": push["cache_push_efficiency"],
+        **{f"checkpoint_overhead_{sched}_{model}": r.get(f"overhead_{sched.replace('-', '_')}")
+           for model, r in overhead.items() for sched in ("cxl_b", "cxl_d")},
+        **{f"checkpoint_overhead_cxl_b_emb_only_{model}": r.get("overhead_cxl_b_emb_only")
+           for model, r in overhead.items()},
+        "checkpoint_overhead_runs": {model: {k: v for k, v in r.items() if k != "batches"}
+                                     for model, r in overhead.items()},
         "clock_mhz": cfg.clock_mhz,
         "seed": seed,
         "bench_wall_seconds": round(time.perf_counter() - t0, 1),
@@ -177,7 +197,8 @@ def cmd_bench(args) -> int:
            if isinstance(v, (int, float))},
     }
     _emit(result, args.json, "TrainingCXL bench")
-    ok = not any(r.get("error") for r in (stream, stress, push))
+    ok = not any(r.get("error") for r in (stream, stress, push, *overhead.values())) and \
+        all(r.get("verified") for r in overhead.values())
     return 0 if ok else 1
 
 
@@ -242,6 +263,7 @@ def main(argv=None) -> int:
     b.add_argument("--lines", type=int, default=8192, help="lines in the streaming read")
     b.add_argument("--transactions", type=int, default=20000, help="stress size")
     b.add_argument("--seed", type=lambda x: int(x, 0))
+    b.add_argument("--overhead-batches", type=int, default=2, help="batches per checkpoint-overhead run")
     b.set_defaults(func=cmd_bench)
 
     f = sub.add_parser("fp32", help="bit-exact campaign of the FP32 units (FMA, add, mul, div)")
@@ -265,6 +287,8 @@ def main(argv=None) -> int:
     add_trace_parser(sub)
     from tools.run_cmd import add_run_parser
     add_run_parser(sub)
+    from tools.crash_cmd import add_crash_parser
+    add_crash_parser(sub)
 
     args = p.parse_args(argv)
     return args.func(args)

@@ -37,21 +37,23 @@ Sequence (slot s = k & 1 at slot_base = log_base + s * slot_lines; layout in log
 4. Deduplication (exact): an on-chip hash set of ``set_entries`` keys (t, row), WAYS = 4-way
    set-associative; set = (top bits of row * 0x9E3779B1) + t, modulo the number of sets. A key
    absent from the set is inserted and becomes an entry. Entries of a pass are allocated at the next
-   free slot line, packed from SLOT_HEADER_LINES. If a key finds its set full, the attempt is
-   abandoned and restarted with P = 2*P partitions (P starts at 1): partition p = 0 .. P-1 is one pass
-   over the whole index stream that keeps only keys with (row & (P-1)) == p; the set is emptied
+   free slot line, packed from SLOT_HEADER_LINES. The keys are taken in partitions: partition
+   (p, d) is one pass over the whole index stream that keeps only keys with (row & (2**d - 1)) == p;
+   the first pass is (0, 0), every key. If a key finds its set full, the pass is abandoned (its
+   entries are overwritten: entry lines restart where the partition began) and the partition is
+   redone as its two halves (p, d+1) and (p + 2**d, d+1), depth first; partitions already complete
+   are kept. A partition ends once the copy engine holds none of its keys. The set is emptied
    between passes (a generation tag per way, so emptying costs nothing; when the 16-bit tag wraps,
    and at the first pass after reset, since memories keep stale tags through a reset, the set is
-   cleared for real, one set per cycle). Entries written by an
-   abandoned attempt are overwritten (entry lines restart at SLOT_HEADER_LINES). Entry order in the
-   slot: partitions in ascending p; within a partition, first-occurrence order of the index stream.
-   Termination: with P = 2**32 a partition holds the keys of one row value, at most one per table,
+   cleared for real, one set per cycle). Entry order in the slot: partitions in depth-first order;
+   within a partition, first-occurrence order of the index stream.
+   Termination: at d = 32 a partition holds the keys of one row value, at most one per table,
    and set = (h + t) mod sets puts at most ceil(T / sets) of them in one set, which fits the 4 ways
    whenever set_entries >= T (always for set_entries >= MAX_TABLES = 128). Should a set still
-   overflow there, the command ends with LOG_FULL. Cost: every pass streams the whole index array,
-   so an attempt with P partitions costs P index streams and all attempts together < 2P; P doubles
-   until no set of any partition gets a fifth key (with a uniform hash, about set_entries / 8 keys per
-   partition fit; the default set rarely overflows below ~500 distinct keys).
+   overflow there, the command ends with LOG_FULL. Cost: every pass streams the whole index array:
+   one pass per leaf partition plus one per split; a partition fits when no set gets a fifth key
+   (with a uniform hash about set_entries / 8 keys; the default set rarely overflows below ~500
+   distinct keys), so a batch of U distinct keys takes about 2 * U / (set_entries / 8) passes.
 5. Copy: for each entry (t, row) at slot line e: its dim_lines = dim/16 lines are read from
    row_addr = table.base_addr + row * dim_lines and written to slot lines e+1 .. e+dim_lines (the old
    value), then EntryHeader {ENTRY_MAGIC, batch k, table t, dim_lines, row, row_addr, crc} is written
@@ -192,9 +194,12 @@ class UndoLogEngine(wiring.Component):
         tbl_base = Signal(32)
         t_end = Signal(32)                      # offsets[(t+1)*B]
         pos = Signal(32)                        # element position in the indices array
-        p_log = Signal(6)                       # P = 2**p_log partitions
-        part = Signal(33)                       # partition of this pass
+        p_log = Signal(6)                       # depth of this pass's partition: keys with
+        part = Signal(33)                       # (row & (2**p_log - 1)) == part
         pmask = Signal(32)
+        m.d.comb += pmask.eq(((Const(1, 33) << p_log) - 1)[:32])
+        part_e = Signal(34)                     # alloc_e and entries when the partition began
+        part_entries = Signal(32)
         # GEN_MAX after reset: the first pass clears the set for real. The memory keeps its
         # contents through a reset, and entries of generation 1.. from before it would
         # otherwise count as logged rows (which the log would then miss).
@@ -492,8 +497,8 @@ class UndoLogEngine(wiring.Component):
                 with m.Else():
                     m.next = "ATTEMPT"
             with m.State("ATTEMPT"):
-                m.d.sync += [entries.eq(0), alloc_e.eq(SLOT_HEADER_LINES), part.eq(0), st_lookups.eq(0),
-                             pmask.eq((Const(1, 33) << p_log) - 1)]
+                m.d.sync += [entries.eq(0), alloc_e.eq(SLOT_HEADER_LINES), part.eq(0), p_log.eq(0),
+                             st_lookups.eq(0), part_e.eq(SLOT_HEADER_LINES), part_entries.eq(0)]
                 m.next = "PASS_INIT"
             with m.State("PASS_INIT"):
                 with m.If(gen == GEN_MAX):
@@ -557,17 +562,32 @@ class UndoLogEngine(wiring.Component):
                 with m.Else():
                     m.d.sync += s1_valid.eq(0)
             with m.State("PASS_END"):
-                m.d.sync += part.eq(part + 1)
-                with m.If(part + 1 == (Const(1, 33) << p_log)):
+                # The partition is complete once the copy engine holds none of its keys (a later
+                # RESTART clears the copy engine, which must then hold only that pass's keys).
+                with m.If(copy_idle & (rd_pend == 0) & ~out_valid):
+                    m.next = "NEXT_PART"
+            with m.State("NEXT_PART"):
+                # Depth-first over the partition tree: (part, d) has the children (part, d+1) and
+                # (part + 2**d, d+1). Done with a right child: its parent is done too, go up;
+                # done with a left child: its sibling is next; back at the root: all done.
+                half = Signal(33)
+                m.d.comb += half.eq(Const(1, 33) << (p_log - 1)[:6])
+                with m.If(p_log == 0):
                     m.next = "COPY_WAIT"
+                with m.Elif((part & half) != 0):
+                    m.d.sync += [part.eq(part - half), p_log.eq(p_log - 1)]
                 with m.Else():
+                    m.d.sync += [part.eq(part + half), part_e.eq(alloc_e), part_entries.eq(entries)]
                     m.next = "PASS_INIT"
             with m.State("RESTART"):
-                # A set overflowed: wait for the copy engine's reads, forget its work, start over.
+                # A set overflowed: wait for the copy engine's reads, forget its work (this pass's
+                # keys only), redo the partition as its two halves.
                 with m.If(~idxs.busy & (rd_pend == 0) & ~out_valid):
                     m.d.comb += copy_clr.eq(1)
-                    m.d.sync += hard_stop.eq(0)
-                    m.next = "ATTEMPT"
+                    m.d.sync += [hard_stop.eq(0), alloc_e.eq(part_e), entries.eq(part_entries)]
+                    with m.If(part == 0):
+                        m.d.sync += st_lookups.eq(0)
+                    m.next = "PASS_INIT"
             with m.State("COPY_WAIT"):
                 with m.If(quiet):
                     with m.If(media):

@@ -1,14 +1,18 @@
 """Checkpointed training on the RTL: the host's batch loop with the undo log, power cuts and recovery.
 
 ``CheckpointedRun(env, trace, *, total_batches, schedule="cxl-b", poll_cycles=16)`` owns one
-model on the device with both logs reserved (``plan_layout(emb_log=True, mlp_log_lines=...)``),
+model on the device with both logs reserved (``plan_checkpoint_layout``),
 a GPU agent (sim/bfm/gpu_agent.py) whose MLP image lives in host/GPU memory behind a
 ``HostMemorySide`` (the device reads it with CXL.cache RdCurr), and the golden training
 state ``CheckpointedTraining`` (sim/model/checkpoint.py). Batch k of the run is trace batch
 ``k % len(trace.batches)`` with the seeded gradients of k (``batch_gradients``), so a run can
 be longer than its trace.
 
-Per batch k (``await run_batch(k)``), in the order of the schedule:
+``mlp_lines`` (default: the whole image) limits the MLP log to the image's first lines (the
+overhead bench measures the copy rate on a part of an image too large for the simulated
+device); ``gpu_wait=False`` skips simulating the GPU's MLP time (its cycles are still
+reported). Per batch k (``await run_batch(k)``, which returns the batch's host cycles and the
+last completion's cycles per phase), in the order of the schedule:
 - ``cxl-b`` (batch-aware): LOOKUP; LOG(k) and MLP_LOG(k) are submitted as soon as the
   indices are known and run while the GPU computes its MLPs (a wait of the GPU agent's
   ``mlp_time_cycles``); the gradients arrive; UPDATE(k) with flags.checkpoint.
@@ -47,7 +51,7 @@ import numpy as np
 from cocotb.triggers import Timer
 
 from hw.ndp.command import NdpError, NdpOpcode
-from sim.bfm.gpu_agent import GpuAgent
+from sim.bfm.gpu_agent import GpuAgent, mlp_image_lines
 from sim.bfm.ndp_host import (COMPLETION, HostMemorySide, NdpHost, log_command, lookup_command,
                               mlp_log_commands, plan_layout, recover_command, tables_from_manifest,
                               update_command)
@@ -62,6 +66,22 @@ SCHEDULES = ("cxl-b", "cxl-d", "none")
 PHASE_OF_OPCODE = {NdpOpcode.LOOKUP.value: "lookup", NdpOpcode.LOG.value: "logging",
                    NdpOpcode.MLP_LOG.value: "mlp_log", NdpOpcode.UPDATE.value: "update",
                    NdpOpcode.RECOVER.value: "recovery"}
+
+
+def plan_checkpoint_layout(trace, capacity_lines: int, mlp_host_line: int = 0, mlp_lines: int | None = None):
+    """The device layout of a checkpointed run of ``trace``: its arrays and tables, the undo log
+    sized for the batch touching the most distinct rows, and the MLP log of the model's image
+    (or of its first ``mlp_lines`` lines).
+    Raises ``LayoutError`` (saying what does not fit) when the device is too small."""
+    m = trace.manifest
+    most_rows = max(len(batch_rows(b.offsets, b.indices, m["batch_size"], len(m["tables"])))
+                    for b in trace.batches)
+    return plan_layout(tables_from_manifest(m), batch_size=m["batch_size"],
+                       max_indices=max(int(b.indices.size) for b in trace.batches),
+                       capacity_lines=capacity_lines, has_weights=bool(m["has_weights"]),
+                       emb_log=True, log_max_rows=most_rows,
+                       mlp_log_lines=mlp_image_lines(m["preset"]) if mlp_lines is None else mlp_lines,
+                       mlp_host_line=mlp_host_line)
 
 
 class CyclicBatches:
@@ -93,11 +113,12 @@ class Submitted:
 
 class CheckpointedRun:
     def __init__(self, env, trace, *, total_batches: int, schedule: str = "cxl-b", poll_cycles: int = 16,
-                 mlp_chunks: int = 1):
+                 mlp_chunks: int = 1, mlp_lines: int | None = None, gpu_wait: bool = True):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         m = trace.manifest
         self.env, self.manifest, self.schedule, self.mlp_chunks = env, m, schedule, mlp_chunks
+        self.gpu_wait = gpu_wait
         self.B = m["batch_size"]
         self.modes = [t["mode"] for t in m["tables"]]
         self.has_weights = bool(m["has_weights"])
@@ -107,12 +128,10 @@ class CheckpointedRun:
         self.host_base = host_output_base(env)
         self.gpu = GpuAgent(preset, base_line=self.host_base, seed=env.seed, batch_size=self.B,
                             clock_mhz=env.config.clock_mhz)
-        most_rows = max(len(batch_rows(b.offsets, b.indices, self.B, len(m["tables"]))) for b in trace.batches)
-        self.layout = plan_layout(tables_from_manifest(m), batch_size=self.B,
-                                  max_indices=max(int(b.indices.size) for b in trace.batches),
-                                  capacity_lines=env.config.capacity_lines, has_weights=self.has_weights,
-                                  emb_log=True, log_max_rows=most_rows, mlp_log_lines=self.gpu.lines,
-                                  mlp_host_line=self.host_base)
+        self.mlp_lines = self.gpu.lines if mlp_lines is None else mlp_lines
+        if not 1 <= self.mlp_lines <= self.gpu.lines:
+            raise ValueError(f"mlp_lines must be in [1, {self.gpu.lines}], got {mlp_lines}")
+        self.layout = plan_checkpoint_layout(trace, env.config.capacity_lines, self.host_base, self.mlp_lines)
         self.region = self.layout.log_region
         self.golden = CheckpointedTraining(initial_tables(m, env.seed), self.modes, self.B, self.batches,
                                            lambda k: batch_gradients(m, env.seed, k), self.lr, mlp=self.gpu)
@@ -126,6 +145,7 @@ class CheckpointedRun:
         self.next_batch = 0
         self.cycles: dict[str, int] = {}  # the last completion's cycles per phase
         self.cut_command: Submitted | None = None
+        self.submit_cycles = 0           # the last submit: ring write and doorbell, in cycles
         self._tag = 0
 
     # ---- set-up and power
@@ -180,7 +200,9 @@ class CheckpointedRun:
         phase = PHASE_OF_OPCODE[cmd.opcode_value]
         if hook is not None:
             await hook(phase, k)
+        start = self.env.host.cycle
         seq = await self.driver.submit(cmd)
+        self.submit_cycles = self.env.host.cycle - start
         s = Submitted(seq, cmd.tag, cmd.opcode_value, k)
         self.pending.append(s)
         return s
@@ -220,10 +242,10 @@ class CheckpointedRun:
         gpu_cycles = self.gpu.mlp_time_cycles()
         if self.schedule == "cxl-b":
             logs = await self._submit_logs(k, hook)
-            await Timer(gpu_cycles * CLOCK_PERIOD_NS, unit="ns")
+            await self._gpu_time(gpu_cycles)
             await self._collect_logs(logs)
         else:
-            await Timer(gpu_cycles * CLOCK_PERIOD_NS, unit="ns")
+            await self._gpu_time(gpu_cycles)
             if self.schedule == "cxl-d":
                 await self._collect_logs(await self._submit_logs(k, hook))
         self.driver.load_gradients(self.golden.grads_of(k))
@@ -234,13 +256,18 @@ class CheckpointedRun:
         self.acked_batches = k + 1
         self.next_batch = k + 1
         self.gpu.advance(k + 1)
-        return {"batch": k, "cycles": self.env.host.cycle - start, "gpu_cycles": gpu_cycles, **self.cycles}
+        return {"batch": k, "cycles": self.env.host.cycle - start, "gpu_cycles": gpu_cycles,
+                **{f"cycles_{phase}": c for phase, c in self.cycles.items()}}
+
+    async def _gpu_time(self, cycles: int) -> None:
+        if self.gpu_wait and cycles:
+            await Timer(cycles * CLOCK_PERIOD_NS, unit="ns")
 
     async def _submit_logs(self, k: int, hook) -> list[Submitted]:
         slot = self.mlp_next_slot
         subs = [await self._submit(log_command(self.layout, k, has_weights=self.has_weights, tag=self._next_tag()),
                                    k, hook)]
-        for cmd in mlp_log_commands(k, self.gpu.lines, slot, chunks=self.mlp_chunks, tag=self._next_tag()):
+        for cmd in mlp_log_commands(k, self.mlp_lines, slot, chunks=self.mlp_chunks, tag=self._next_tag()):
             self._tag = cmd.tag
             subs.append(await self._submit(cmd, k, hook))
         return subs
@@ -292,8 +319,8 @@ class CheckpointedRun:
                             f"{'batch ' + str(res.mlp_batch) if res.mlp_valid else 'none'}")
         if res.mlp_valid:
             base = self.region.mlp_slot(res.mlp_slot) + 1
-            got = self.driver.backdoor.read_lines(base, self.gpu.lines)
-            want = self.gpu.image_lines(res.mlp_batch)
+            got = self.driver.backdoor.read_lines(base, self.mlp_lines)
+            want = self.gpu.image_lines(res.mlp_batch)[:self.mlp_lines]
             bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
             if bad:
                 problems.append(f"MLP slot {res.mlp_slot}: {len(bad)} lines differ from the GPU's parameters "

@@ -13,8 +13,10 @@
   media's write watch (``PmemChannel.watch``) finds the cycle.
 - ``release``: the same around a release: LOG's FREE record over its slot (the batch two
   back) or MLP_LOG's FREE record over the other MLP slot.
-- ``recovery``: a first cut as above (a random command phase), then a second one during the
-  first RECOVER; RECOVER runs again.
+- ``recovery``: a first cut as above (a random command phase), then a second one during
+  RECOVER, at a random cycle of its run: RECOVER is run once to time it (it writes only table
+  rows, never the log, so putting back the rows it rewrote through the backdoor restores the
+  media exactly), then again with the cut; after power-up RECOVER runs a third time.
 The target batch is the next batch or the one after. Cuts tear in-flight writes with a
 random ``tear_seed``.
 
@@ -31,7 +33,9 @@ none); a watched flag / release cut counts as such only when its command was sti
 
 The cocotb test ``crash_campaign`` (driven by ``trainingcxl crash``, tools/crash_cmd.py)
 reads TCXL_CRASH_MODEL (default rm-tiny), TCXL_CRASH_POINTS, TCXL_CRASH_PHASES (comma list,
-default all), TCXL_CRASH_SCHEDULE (cxl-b | cxl-d), TCXL_SEED and TCXL_RESULT_JSON.
+default all), TCXL_CRASH_SCHEDULE (cxl-b | cxl-d), TCXL_CRASH_ROWS_CAP / TCXL_CRASH_BATCH_SIZE
+(trace knobs), TCXL_SEED and TCXL_RESULT_JSON. The trace has 4 batches; batch k of the run
+is trace batch k % 4 with gradients seeded by k.
 """
 from __future__ import annotations
 
@@ -49,10 +53,11 @@ from sim.env import DeviceEnv
 from sim.model.checkpoint import golden_recover
 from sim.model.dlrm import get_preset
 from sim.model.pmem_params import media_verilog_parameters
-from sim.model.trace import generate_trace
+from sim.model.trace import TraceKnobs, generate_trace
 from sim.tb.ckpt_run import CheckpointedRun
 from sim.tb.ndp_run_tb import write_result
 
+TRACE_BATCHES = 4               # batch k of the run is trace batch k % 4 (its own gradients)
 PHASES = ("lookup", "logging", "flag_write", "update", "mlp_log", "release", "recovery")
 COMMAND_PHASES = ("lookup", "logging", "update", "mlp_log")
 DEFAULT_ESTIMATE = 3000          # cycles, before a command's duration was measured
@@ -184,6 +189,19 @@ class CrashCampaign:
         self.result["phases_hit"][landed] += 1
         return landed
 
+    async def measure_recovery(self) -> int:
+        """How long this RECOVER runs, so that a cut lands inside it: run it once (RECOVER
+        writes only table rows, never the log), then put back the rows it rewrote, which
+        restores the media to the state before it. Returns the completion's cycles."""
+        run = self.run
+        backdoor = run.driver.backdoor
+        golden = golden_recover(backdoor.read_line, run.region, apply=False)
+        before = {line: backdoor.read_line(line) for line in golden.writes}
+        completion, _ = await run.recover(expect=golden.error or NdpError.OK)
+        for line, value in before.items():
+            backdoor.write_lines(line, [value])
+        return completion.cycles
+
     # ---- one point
     async def run_point(self, i: int) -> bool:
         aim = self.order[i]
@@ -196,7 +214,9 @@ class CrashCampaign:
             raise RuntimeError(f"point {i}: training ended before the cut ({plan})")
         landings = [landed]
         if aim == "recovery":
-            rplan = CutPlan("recovery", run.next_batch, "recovery", delay=self._delay("recovery"))
+            duration = await self.measure_recovery()
+            rplan = CutPlan("recovery", run.next_batch, "recovery",
+                            delay=run.submit_cycles + self.rng.randrange(max(1, duration)))
             second = await self.cut_during(lambda hook: run.recover(hook), rplan)
             if second is not None:
                 landings.append(second)
@@ -231,6 +251,13 @@ class CrashCampaign:
         return self.result
 
 
+def trace_knobs_from_env() -> TraceKnobs:
+    def opt(name):
+        value = os.environ.get(name)
+        return int(value) if value else None
+    return TraceKnobs(rows_cap=opt("TCXL_CRASH_ROWS_CAP"), batch_size=opt("TCXL_CRASH_BATCH_SIZE"))
+
+
 @cocotb.test()
 async def crash_campaign(dut):
     """``trainingcxl crash``: TCXL_CRASH_POINTS power cuts, each recovered and checked."""
@@ -239,7 +266,7 @@ async def crash_campaign(dut):
     points = int(os.environ.get("TCXL_CRASH_POINTS", "7"))
     phases = tuple(p for p in os.environ.get("TCXL_CRASH_PHASES", ",".join(PHASES)).split(",") if p)
     schedule = os.environ.get("TCXL_CRASH_SCHEDULE", "cxl-b")
-    trace = generate_trace(get_preset(model), 4, env.seed)
+    trace = generate_trace(get_preset(model), TRACE_BATCHES, env.seed, trace_knobs_from_env())
     run = CheckpointedRun(env, trace, total_batches=2 * points + 8, schedule=schedule)
     campaign = CrashCampaign(run, points, random.Random(env.seed ^ 0xC0A57), phases)
     result = {"model": model, "seed": env.seed, "schedule": schedule, "verified": False, **campaign.result}

@@ -1,0 +1,160 @@
+"""``trainingcxl crash``: the power-failure campaign on the RTL, JSON + table.
+
+  trainingcxl crash --model M --points N --seed S --json FILE
+                    [--phases lookup,logging,...] [--schedule cxl-b|cxl-d]
+                    [--rows-cap R] [--batch-size B]
+
+Trains a DLRM model through the device (LOOKUP, LOG, MLP_LOG over CXL.cache, checkpointed
+UPDATE per batch), cuts power N times at chosen points (every phase in turn: lookup,
+logging, flag_write, update, mlp_log, release, recovery), recovers with RECOVER after each
+cut and checks the tables and the MLP log against the golden model, then resumes; the
+campaign is sim/tb/crash_tb.py (its docstring has the details).
+
+JSON keys (the contract): ``points`` (points run), ``consistent`` / ``inconsistent``,
+``lost_acknowledged_writes`` (acknowledged UPDATEs / MLP logs a recovery lost),
+``phases_hit`` (phase -> cuts that landed in it; ``idle`` = between commands),
+``phases_aimed``, ``all_phases_hit``, ``cuts`` (a recovery point cuts twice), ``rolled_back``
+(recoveries that rolled a batch back), ``batches_trained``, ``failures`` (the first
+inconsistent point's problems; the campaign stops there), ``verified`` (every point
+consistent, the final tables equal the golden model, no protocol violation), ``seed``,
+``model``, ``schedule``, ``sim_cycles``, ``wall_seconds``, ``error``.
+
+The model must fit the default simulation device (16 MiB) with both logs: rm-tiny does;
+the MLP image of RM1-RM4 alone (68-142 MB) does not.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sim.tb.crash_tb import PHASES  # noqa: E402
+
+SUMMARY_KEYS = ("verified", "model", "schedule", "seed", "points", "consistent", "inconsistent",
+                "lost_acknowledged_writes", "all_phases_hit", "cuts", "rolled_back", "batches_trained",
+                "sim_cycles", "wall_seconds", "error")
+
+
+class CrashError(Exception):
+    """A bad request (exit code 2)."""
+
+
+def check_fits(args) -> None:
+    """Plan the checkpointed layout in Python first: a model that does not fit is reported
+    before any build."""
+    from hw.config import DeviceConfig
+    from sim.bfm.ndp_host import LayoutError
+    from sim.model.dlrm import get_preset
+    from sim.model.trace import TraceKnobs, generate_trace
+    from sim.tb.ckpt_run import plan_checkpoint_layout
+    try:
+        preset = get_preset(args.model)
+    except (KeyError, ValueError) as e:
+        raise CrashError(str(e)) from None
+    if preset.optimizer.name != "sgd":
+        raise CrashError(f"model {args.model} trains with {preset.optimizer.name}; the device's UPDATE is SGD")
+    trace = generate_trace(preset, 4, args.seed, TraceKnobs(rows_cap=args.rows_cap, batch_size=args.batch_size))
+    try:
+        plan_checkpoint_layout(trace, DeviceConfig.for_simulation().capacity_lines)
+    except LayoutError as e:
+        raise CrashError(f"{e} (the crash campaign runs on the default simulation device; "
+                         f"try --model rm-tiny)") from None
+
+
+def run_campaign(args) -> dict:
+    from hw.config import DeviceConfig
+    from sim import runner
+    from sim.harness import TOPLEVEL, build_harness
+    cfg = DeviceConfig.for_simulation()
+    t0 = time.perf_counter()
+    print(f"building the Verilator model ({cfg.channels} channels, {cfg.capacity_bytes >> 20} MiB)...", flush=True)
+    bdir = build_harness(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = pathlib.Path(tmp) / "result.json"
+        env = {"TCXL_CONFIG": json.dumps(cfg.__dict__), "TCXL_RESULT_JSON": str(result_path),
+               "TCXL_SEED": str(args.seed), "TCXL_CRASH_MODEL": args.model, "TCXL_CRASH_POINTS": str(args.points),
+               "TCXL_CRASH_PHASES": ",".join(args.phases), "TCXL_CRASH_SCHEDULE": args.schedule}
+        for name, value in (("TCXL_CRASH_ROWS_CAP", args.rows_cap), ("TCXL_CRASH_BATCH_SIZE", args.batch_size)):
+            if value is not None:
+                env[name] = str(value)
+        print(f"running {args.points} power-failure points ({args.schedule})...", flush=True)
+        error = None
+        try:
+            runner.run(bdir, TOPLEVEL, "sim.tb.crash_tb", "crash_campaign", env=env)
+        except RuntimeError as exc:
+            error = str(exc)
+        if not result_path.exists():
+            raise CrashError(f"the simulation produced no result ({error or 'no error reported'})")
+        result = json.loads(result_path.read_text())
+    if error and "error" not in result:
+        result["error"] = error
+    aimed = [p for p in PHASES if p in args.phases]
+    result["all_phases_hit"] = all(result["phases_hit"].get(p, 0) > 0 for p in aimed)
+    result["verified"] = bool(result.get("verified")) and error is None
+    result["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def format_result(result: dict) -> str:
+    rows = {k: result[k] for k in SUMMARY_KEYS if k in result}
+    rows.update({f"phases_hit.{k}": v for k, v in result.get("phases_hit", {}).items()})
+    width = max(len(k) for k in rows)
+    title = f"trainingcxl crash: {result.get('model')} {result.get('schedule')}, {result.get('points')} points"
+    lines = [title, "-" * len(title)] + [f"{k:<{width}}  {v}" for k, v in rows.items()]
+    for f in result.get("failures", [])[:3]:
+        lines += ["", f"INCONSISTENT point {f['point']} (aimed {f['aimed']}, landed {f['landed']}):"] + \
+                 [f"  {p}" for p in f["problems"]]
+    return "\n".join(lines)
+
+
+def cmd_crash(args) -> int:
+    if args.points < 1:
+        print("error: --points must be at least 1", file=sys.stderr)
+        return 2
+    args.phases = [p for p in args.phases.split(",") if p]
+    unknown = [p for p in args.phases if p not in PHASES]
+    if unknown or not args.phases:
+        print(f"error: --phases takes a comma list of {', '.join(PHASES)}; got {unknown or 'none'}", file=sys.stderr)
+        return 2
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 31)
+    print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
+    try:
+        check_fits(args)
+        result = run_campaign(args)
+    except CrashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_result(result))
+    if args.json:
+        path = pathlib.Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {path}")
+    ok = result["verified"] and not result.get("inconsistent") and not result.get("lost_acknowledged_writes")
+    return 0 if ok else 1
+
+
+def add_crash_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``crash`` on an argparse subparsers object; returns the new parser."""
+    p = subparsers.add_parser("crash", help="power-failure campaign: cut, recover, check, resume (JSON)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="rm-tiny", help="DLRM preset (must fit the 16 MiB simulated device)")
+    p.add_argument("--points", type=int, required=True, help="power cuts to recover from")
+    p.add_argument("--seed", type=lambda x: int(x, 0), default=None, help="campaign, trace and table seed")
+    p.add_argument("--json", help="write the result here")
+    p.add_argument("--phases", default=",".join(PHASES), help="comma list of phases to aim at (default: all)")
+    p.add_argument("--schedule", choices=("cxl-b", "cxl-d"), default="cxl-b",
+                   help="when LOG / MLP_LOG run: overlapping the GPU (cxl-b) or after it (cxl-d)")
+    p.add_argument("--rows-cap", type=int, default=None, help="cap every table at R rows")
+    p.add_argument("--batch-size", type=int, default=None, help="samples per batch")
+    p.set_defaults(func=cmd_crash)
+    return p
