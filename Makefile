@@ -9,10 +9,10 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install sim unit test verilog lint waves bench stress regmap clean help
+.PHONY: install sim unit test verilog lint waves bench stress crash regmap clean help
 
 help:
-	@echo "make install | test | sim | unit | bench | stress | verilog | lint | waves TEST=<name> | regmap | clean"
+	@echo "make install | test | sim | unit | bench | stress | crash | verilog | lint | waves TEST=<name> | regmap | clean"
 
 install: $(STAMP)
 
@@ -53,10 +53,15 @@ waves: install
 	@test -n "$(TEST)" || { echo "usage: make waves TEST=<cocotb test name>"; exit 2; }
 	$(TCXL) waves $(TEST)
 
-# The main job today: CXL.mem read efficiency, CXL.cache push efficiency and a
-# 20k-transaction stress with its simulation speed, JSON in build/bench.json.
+# The main job today: CXL.mem read efficiency, CXL.cache push efficiency, a
+# 20k-transaction stress with its simulation speed and the checkpoint overhead on rm1 and
+# rm4, JSON in build/bench.json.
 bench: install
 	$(TCXL) bench --json build/bench.json
+
+# The power-failure campaign: 200 cuts over every phase, each recovered and checked (~4 min).
+crash: install
+	$(TCXL) crash --model rm-tiny --points 200 --seed 2 --json build/crash-200.json
 
 stress: install
 	$(TCXL) stress --channel mem --transactions 20000 --json build/stress.json

@@ -38,7 +38,10 @@ class DeviceConfig:
     lookup_units: int = 3                   # LOOKUP reduce units (16 FP32 lanes and a memory port each)
     lookup_rob_depth: int = 128             # row lines in flight per lookup unit
     update_scratch_lines: int = 1024        # UPDATE row scratchpad (64 KiB)
-    log_set_entries: int = 4096             # LOG: distinct rows tracked per pass
+    # LOG: distinct rows tracked per pass (4 ways x 55 bits: 1.8 Mbit of block RAM). Every
+    # pass streams the whole index array and a pass fits about 1/8 of this many keys, so
+    # 4096 made an rm1 batch of 16k distinct rows take ~200 passes (2M cycles).
+    log_set_entries: int = 32768
 
     def __post_init__(self):
         def pow2(x):

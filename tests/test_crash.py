@@ -79,3 +79,37 @@ def test_crash_campaign_50_points(harness, tmp_path, capsys):
 def test_crash_campaign_cxl_d(harness, tmp_path, capsys):
     """The critical-path schedule (LOG / MLP_LOG after the GPU's MLP time) recovers the same way."""
     _campaign(harness, tmp_path, capsys, points=7, schedule="cxl-d", seed=4)
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoint overhead (sim/tb/overhead_tb.py, the bench's checkpoint_overhead_* figures)
+# --------------------------------------------------------------------------------------------
+def test_overhead_composes_the_schedules():
+    from sim.tb.overhead_tb import compose
+    plain = [{"batch": 1, "gpu_cycles": 1000, "cycles_lookup": 100, "cycles_update": 200}]
+    ckpt = [{"batch": 1, "gpu_cycles": 1000, "cycles_lookup": 100, "cycles_update": 210, "cycles_logging": 300,
+             "cycles_mlp_log": 50}]
+    r = compose(plain, ckpt, mlp_scale=10.0)          # the whole MLP image: 500 cycles
+    b = r["batches"][0]
+    assert b["t_none"] == 1300
+    assert b["t_cxl_d"] == 100 + 1000 + 300 + 500 + 210
+    assert b["t_cxl_b"] == 100 + max(1000, 800) + 210          # hidden behind the GPU
+    assert b["t_cxl_b_emb_only"] == 100 + 1000 + 210
+    assert r["overhead_cxl_b"] == round(1310 / 1300 - 1, 4)
+    assert r["overhead_cxl_d"] == round(2110 / 1300 - 1, 4)
+    r = compose(plain, ckpt, mlp_scale=40.0)          # 2000 cycles: no longer hidden
+    assert r["batches"][0]["t_cxl_b"] == 100 + 2300 + 210
+
+
+@pytest.mark.sim
+def test_checkpoint_overhead_rtl(harness, tmp_path):
+    """The overhead measurement on rm-tiny: both passes verified bit for bit, figures consistent."""
+    out = tmp_path / "ovh.json"
+    run_cocotb(harness, "sim.tb.overhead_tb", "checkpoint_overhead", TCXL_OVH_MODEL="rm-tiny",
+               TCXL_OVH_BATCHES=2, TCXL_OVH_MLP_PROBE=128, TCXL_RESULT_JSON=out)
+    r = json.loads(out.read_text())
+    assert r["verified"] and len(r["batches"]) == 2 and r["mlp_probe_lines"] == 128
+    for b in r["batches"]:
+        assert b["log"] > 0 and b["mlp_log_probe"] > 0 and b["update_ckpt"] >= b["update_plain"] * 0.9
+        assert b["t_none"] < b["t_cxl_b"] <= b["t_cxl_d"]
+    assert r["overhead_cxl_d"] >= r["overhead_cxl_b"] >= r["overhead_cxl_b_emb_only"] > 0

@@ -22,7 +22,6 @@ import json
 import pathlib
 import random
 import sys
-import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -72,33 +71,12 @@ def cmd_lint(args) -> int:
     return 0 if ok else 1
 
 
-def _run_harness_test(testcase: str, env: dict[str, str],
-                      module: str = "sim.tb.cxl_mem_tb") -> dict:
-    """Build the simulation harness, run one cocotb test of ``module``, return the result
-    JSON it wrote."""
-    from hw.config import DeviceConfig
-    from sim import runner
-    from sim.harness import build_harness, TOPLEVEL
-    cfg = DeviceConfig.for_simulation()
-    print(f"building the Verilator model ({cfg.channels} channels, "
-          f"{cfg.capacity_bytes >> 20} MiB)...", flush=True)
-    bdir = build_harness(cfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        result_path = pathlib.Path(tmp) / "result.json"
-        full_env = {"TCXL_CONFIG": json.dumps(cfg.__dict__),
-                    "TCXL_RESULT_JSON": str(result_path), **env}
-        print(f"running {testcase}...", flush=True)
-        error = None
-        try:
-            runner.run(bdir, TOPLEVEL, module, testcase, env=full_env)
-        except RuntimeError as exc:   # a failed check: the result is still written
-            error = str(exc)
-        if not result_path.exists():
-            raise SystemExit(f"{testcase} produced no result ({error or 'no error reported'})")
-        result = json.loads(result_path.read_text())
-    if error:
-        result["error"] = error
-    return result
+def _run_harness_test(testcase: str, env: dict[str, str], module: str = "sim.tb.cxl_mem_tb") -> dict:
+    from tools.harness_run import NoResult, run_harness_test
+    try:
+        return run_harness_test(testcase, env, module)
+    except NoResult as e:
+        raise SystemExit(str(e)) from None
 
 
 def _table(title: str, rows: dict) -> str:
@@ -263,7 +241,8 @@ def main(argv=None) -> int:
     b.add_argument("--lines", type=int, default=8192, help="lines in the streaming read")
     b.add_argument("--transactions", type=int, default=20000, help="stress size")
     b.add_argument("--seed", type=lambda x: int(x, 0))
-    b.add_argument("--overhead-batches", type=int, default=2, help="batches per checkpoint-overhead run")
+    b.add_argument("--overhead-batches", type=int, default=1,
+                   help="measured batches per checkpoint-overhead run (after one warm-up batch)")
     b.set_defaults(func=cmd_bench)
 
     f = sub.add_parser("fp32", help="bit-exact campaign of the FP32 units (FMA, add, mul, div)")

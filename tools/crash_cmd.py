@@ -29,7 +29,6 @@ import json
 import pathlib
 import random
 import sys
-import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -70,35 +69,21 @@ def check_fits(args) -> None:
 
 
 def run_campaign(args) -> dict:
-    from hw.config import DeviceConfig
-    from sim import runner
-    from sim.harness import TOPLEVEL, build_harness
-    cfg = DeviceConfig.for_simulation()
+    from tools.harness_run import NoResult, run_harness_test
     t0 = time.perf_counter()
-    print(f"building the Verilator model ({cfg.channels} channels, {cfg.capacity_bytes >> 20} MiB)...", flush=True)
-    bdir = build_harness(cfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        result_path = pathlib.Path(tmp) / "result.json"
-        env = {"TCXL_CONFIG": json.dumps(cfg.__dict__), "TCXL_RESULT_JSON": str(result_path),
-               "TCXL_SEED": str(args.seed), "TCXL_CRASH_MODEL": args.model, "TCXL_CRASH_POINTS": str(args.points),
-               "TCXL_CRASH_PHASES": ",".join(args.phases), "TCXL_CRASH_SCHEDULE": args.schedule}
-        for name, value in (("TCXL_CRASH_ROWS_CAP", args.rows_cap), ("TCXL_CRASH_BATCH_SIZE", args.batch_size)):
-            if value is not None:
-                env[name] = str(value)
-        print(f"running {args.points} power-failure points ({args.schedule})...", flush=True)
-        error = None
-        try:
-            runner.run(bdir, TOPLEVEL, "sim.tb.crash_tb", "crash_campaign", env=env)
-        except RuntimeError as exc:
-            error = str(exc)
-        if not result_path.exists():
-            raise CrashError(f"the simulation produced no result ({error or 'no error reported'})")
-        result = json.loads(result_path.read_text())
-    if error and "error" not in result:
-        result["error"] = error
+    env = {"TCXL_SEED": str(args.seed), "TCXL_CRASH_MODEL": args.model, "TCXL_CRASH_POINTS": str(args.points),
+           "TCXL_CRASH_PHASES": ",".join(args.phases), "TCXL_CRASH_SCHEDULE": args.schedule}
+    for name, value in (("TCXL_CRASH_ROWS_CAP", args.rows_cap), ("TCXL_CRASH_BATCH_SIZE", args.batch_size)):
+        if value is not None:
+            env[name] = str(value)
+    print(f"{args.points} power-failure points ({args.schedule}); progress is logged per point", flush=True)
+    try:
+        result = run_harness_test("crash_campaign", env, "sim.tb.crash_tb")
+    except NoResult as e:
+        raise CrashError(str(e)) from None
     aimed = [p for p in PHASES if p in args.phases]
     result["all_phases_hit"] = all(result["phases_hit"].get(p, 0) > 0 for p in aimed)
-    result["verified"] = bool(result.get("verified")) and error is None
+    result["verified"] = bool(result.get("verified")) and not result.get("error")
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     return result
 

@@ -86,9 +86,8 @@ def choose_device(trace, out: str):
 
 
 def run_embedding(args) -> dict:
-    from sim import runner
-    from sim.harness import TOPLEVEL, build_harness
     from sim.model.dlrm import get_preset
+    from tools.harness_run import NoResult, run_harness_test
     from sim.model.trace import TraceKnobs, generate_trace, summarize, write_trace
 
     preset = get_preset(args.model)
@@ -106,23 +105,13 @@ def run_embedding(args) -> dict:
           f"{layout.table_regions[0].base}..{layout.table_regions[-1].end - 1}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = write_trace(pathlib.Path(tmp) / "trace.npz", trace)
-        result_path = pathlib.Path(tmp) / "result.json"
-        print(f"building the Verilator model ({cfg.channels} channels, {cfg.capacity_bytes >> 20} MiB)...",
-              flush=True)
-        bdir = build_harness(cfg)
-        env = {"TCXL_CONFIG": json.dumps(cfg.__dict__), "TCXL_RESULT_JSON": str(result_path),
-               "TCXL_SEED": str(args.seed), "TCXL_TRACE": str(trace_path), "TCXL_RUN_OUT": args.out}
-        print(f"running {args.batches} batches (LOOKUP + UPDATE each)...", flush=True)
-        error = None
+        env = {"TCXL_SEED": str(args.seed), "TCXL_TRACE": str(trace_path), "TCXL_RUN_OUT": args.out}
+        print(f"{args.batches} batches (LOOKUP + UPDATE each)", flush=True)
         try:
-            runner.run(bdir, TOPLEVEL, "sim.tb.ndp_run_tb", "embedding_run", env=env)
-        except RuntimeError as exc:
-            error = str(exc)
-        if not result_path.exists():
-            raise RunError(f"the simulation produced no result ({error or 'no error reported'})")
-        result = json.loads(result_path.read_text())
-    if error and "error" not in result:
-        result["error"] = error
+            result = run_harness_test("embedding_run", env, "sim.tb.ndp_run_tb", config=cfg)
+        except NoResult as e:
+            raise RunError(str(e)) from None
+    error = result.get("error")
     result["verified"] = bool(result.get("verified")) and error is None
     result.update({"model": args.model, "config": args.config, "phase": args.phase,
                    "knobs": {"rows_cap": args.rows_cap, "batch_size": trace.batch_size, "batches": args.batches,

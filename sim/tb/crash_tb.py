@@ -61,7 +61,7 @@ TRACE_BATCHES = 4               # batch k of the run is trace batch k % 4 (its o
 PHASES = ("lookup", "logging", "flag_write", "update", "mlp_log", "release", "recovery")
 COMMAND_PHASES = ("lookup", "logging", "update", "mlp_log")
 DEFAULT_ESTIMATE = 3000          # cycles, before a command's duration was measured
-WATCH_LIMIT = 2_000_000          # cycles to wait for a watched write before cutting anyway
+WATCH_SLACK = 20_000             # a watched write comes within its command's duration plus this
 
 
 class CutPlan:
@@ -73,9 +73,11 @@ class CutPlan:
         self.delay, self.watch_line, self.nth, self.extra = delay, watch_line, nth, extra
         self.fired_cycle: int | None = None
         self.seq: int | None = None       # the hooked command's sequence number
+        self.watch_expired = False
 
     def __str__(self) -> str:
-        how = (f"{self.extra} cycles after write {self.nth} to line {self.watch_line:#x}"
+        line = f"{self.watch_line:#x}" if isinstance(self.watch_line, int) else f"({self.watch_line} MLP slot)"
+        how = (f"{self.extra} cycles after write {self.nth} to line {line}"
                if self.watch_line is not None else f"{self.delay} cycles after submitting")
         return f"{self.aim}: batch {self.batch} {self.hook_phase}, {how}"
 
@@ -148,10 +150,15 @@ class CrashCampaign:
             media = self.env.media[ch]
             media.watch(local)
             base = media.watch_count()
-            for _ in range(WATCH_LIMIT):
+            limit = 4 * (self.estimate("logging") + self.estimate("mlp_log") + self.estimate(plan.hook_phase)) \
+                + WATCH_SLACK
+            for _ in range(limit):
                 await RisingEdge(self.env.clk)
                 if (media.watch_count() - base) & 0xFFFF_FFFF >= plan.nth:
                     break
+            else:
+                self.env.dut._log.warning(f"{plan}: the watched write did not come in {limit} cycles; cutting now")
+                plan.watch_expired = True
             media.watch(None)
             if plan.extra:
                 await ClockCycles(self.env.clk, plan.extra)
@@ -183,7 +190,7 @@ class CrashCampaign:
         task.cancel()
         landed = await self.run.power_cycle(self.rng.randrange(1 << 32))
         cut = self.run.cut_command
-        if plan.watch_line is not None and cut is not None and cut.seq == plan.seq:
+        if plan.watch_line is not None and not plan.watch_expired and cut is not None and cut.seq == plan.seq:
             landed = plan.aim
         self.result["cuts"] += 1
         self.result["phases_hit"][landed] += 1

@@ -1,0 +1,41 @@
+"""Run one cocotb test on the device harness and collect the result JSON it writes.
+
+``run_harness_test(testcase, env, module, config=None)`` builds (or reuses) the Verilator
+harness for ``config`` (default ``DeviceConfig.for_simulation()``), runs ``module::testcase``
+with ``TCXL_CONFIG`` and ``TCXL_RESULT_JSON`` set on top of ``env``, and returns the JSON the
+test wrote. A failing test still returns its result, with ``error`` set to the runner's
+message; a test that wrote nothing raises ``NoResult``.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import tempfile
+
+
+class NoResult(Exception):
+    """The simulation ended without writing its result."""
+
+
+def run_harness_test(testcase: str, env: dict[str, str], module: str, config=None) -> dict:
+    from hw.config import DeviceConfig
+    from sim import runner
+    from sim.harness import TOPLEVEL, build_harness
+    cfg = DeviceConfig.for_simulation() if config is None else config
+    print(f"building the Verilator model ({cfg.channels} channels, {cfg.capacity_bytes >> 20} MiB)...", flush=True)
+    bdir = build_harness(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = pathlib.Path(tmp) / "result.json"
+        full_env = {"TCXL_CONFIG": json.dumps(cfg.__dict__), "TCXL_RESULT_JSON": str(result_path), **env}
+        print(f"running {testcase}...", flush=True)
+        error = None
+        try:
+            runner.run(bdir, TOPLEVEL, module, testcase, env=full_env)
+        except RuntimeError as exc:       # a failed check: the result is still written
+            error = str(exc)
+        if not result_path.exists():
+            raise NoResult(f"{testcase} produced no result ({error or 'no error reported'})")
+        result = json.loads(result_path.read_text())
+    if error and "error" not in result:
+        result["error"] = error
+    return result
