@@ -59,7 +59,7 @@ waves: install
 bench: install
 	$(TCXL) bench --json build/bench.json
 
-# The power-failure campaign: 200 cuts over every phase, each recovered and checked (~4 min).
+# The power-failure campaign: 200 points over every phase, each recovered and checked (~5 min).
 crash: install
 	$(TCXL) crash --model rm-tiny --points 200 --seed 2 --json build/crash-200.json
 

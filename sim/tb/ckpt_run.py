@@ -45,6 +45,7 @@ number of acknowledged writes lost. ``resume(result)`` restarts the GPU and the 
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,6 +145,7 @@ class CheckpointedRun:
         self.mlp_next_slot = 0
         self.next_batch = 0
         self.cycles: dict[str, int] = {}  # the last completion's cycles per phase
+        self.recent_cycles: dict[str, collections.deque] = {}   # the last 4 completions' per phase
         self.cut_command: Submitted | None = None
         self.submit_cycles = 0           # the last submit: ring write and doorbell, in cycles
         self._tag = 0
@@ -214,6 +216,7 @@ class CheckpointedRun:
             raise AssertionError(f"seed {self.env.seed}: batch {s.batch} {s.phase}: {c} (expected "
                                  f"{expect.name}, tag {s.tag:#x})")
         self.cycles[s.phase] = c.total_cycles or c.cycles
+        self.recent_cycles.setdefault(s.phase, collections.deque(maxlen=4)).append(self.cycles[s.phase])
         return c
 
     @property

@@ -4,9 +4,10 @@
 (sim/tb/ckpt_run.py). Point i aims at phase ``order[i]``; the order cycles through
 ``phases`` (each round shuffled by ``rng``), so every phase is aimed at once per round:
 
-- ``lookup``, ``logging``, ``update``, ``mlp_log``: the cut comes a random number of cycles
-  after the command is submitted in the target batch (uniform over the command's last
-  measured duration; an MLP_LOG queued behind a LOG also waits out the LOG's).
+- ``lookup``, ``logging``, ``update``: the cut comes a random number of cycles after the
+  command is submitted in the target batch (uniform below the shortest of the phase's last
+  4 measured durations); ``mlp_log``: the same, counted from the MLP_LOG's first media write
+  (the FREE record of its slot), since it waits in the ring behind the LOG.
 - ``flag_write``: the cut comes 0..WR_LAT+8 cycles after the media accepted the write of a
   persistent flag (LOG's LOGGED record, UPDATE's APPLIED record or MLP_LOG's MLP_LOGGED
   record, picked at random): while that write is in flight (torn) or just durable. The
@@ -44,12 +45,12 @@ import random
 import time
 
 import cocotb
-from cocotb.triggers import ClockCycles, Event, RisingEdge
+from cocotb.triggers import ClockCycles, Event, RisingEdge, Timer
 
 from hw.checkpoint.log_format import RECORD_LINE_APPLIED, RECORD_LINE_LOGGED
 from hw.mem.port import split_line_address
 from hw.ndp.command import NdpError
-from sim.env import DeviceEnv
+from sim.env import CLOCK_PERIOD_NS, DeviceEnv
 from sim.model.checkpoint import golden_recover
 from sim.model.dlrm import get_preset
 from sim.model.pmem_params import media_verilog_parameters
@@ -61,6 +62,8 @@ TRACE_BATCHES = 4               # batch k of the run is trace batch k % 4 (its o
 PHASES = ("lookup", "logging", "flag_write", "update", "mlp_log", "release", "recovery")
 COMMAND_PHASES = ("lookup", "logging", "update", "mlp_log")
 DEFAULT_ESTIMATE = 3000          # cycles, before a command's duration was measured
+DEBUG = bool(os.environ.get("TCXL_CRASH_DEBUG"))    # log every command submission
+POINT_BUDGET_CYCLES = 2_000_000  # the watchdog's budget per point, plus 50x its commands' durations
 WATCH_SLACK = 20_000             # a watched write comes within its command's duration plus this
 
 
@@ -88,10 +91,13 @@ class CrashCampaign:
         if unknown or not phases:
             raise ValueError(f"phases must be among {PHASES}, got {phases}")
         self.run, self.env, self.points, self.rng = run, run.env, points, rng
+        # The order has its own generator, so the first N points of a longer campaign with the
+        # same seed are the same N points (a failing point replays with --points N).
+        order_rng = random.Random(rng.getrandbits(64))
         self.order = []
         while len(self.order) < points:
             block = list(phases)
-            rng.shuffle(block)
+            order_rng.shuffle(block)
             self.order += block
         self.order = self.order[:points]
         self.wr_lat = media_verilog_parameters(self.env.config.clock_mhz, depth_lines=1, id_width=1,
@@ -102,7 +108,10 @@ class CrashCampaign:
 
     # ---- planning
     def estimate(self, phase: str) -> int:
-        return max(1, self.run.cycles.get(phase, DEFAULT_ESTIMATE))
+        """The shortest of the phase's last 4 commands: a cut drawn below it lands inside the
+        command (the first LOG after a power-up is longer, it also clears the dedup set)."""
+        recent = self.run.recent_cycles.get(phase)
+        return max(1, min(recent) if recent else DEFAULT_ESTIMATE)
 
     def plan(self, aim: str) -> CutPlan:
         rng, run = self.rng, self.run
@@ -110,6 +119,8 @@ class CrashCampaign:
         if aim == "recovery":
             aim_first = rng.choice(COMMAND_PHASES)
             return CutPlan("recovery", batch, aim_first, delay=self._delay(aim_first))
+        if aim == "mlp_log":           # from its start: the FREE record of its own slot
+            return CutPlan(aim, batch, aim, watch_line="own", nth=1, extra=self._delay(aim))
         if aim in COMMAND_PHASES:
             return CutPlan(aim, batch, aim, delay=self._delay(aim))
         slot_base = run.region.slot_base(batch & 1)
@@ -123,16 +134,17 @@ class CrashCampaign:
         return CutPlan(aim, batch, hook_phase, watch_line=line, nth=nth, extra=rng.randrange(self.wr_lat + 9))
 
     def _delay(self, phase: str) -> int:
-        d = self.rng.randrange(self.estimate(phase))
-        if phase == "mlp_log" and self.run.schedule != "none":
-            d += self.estimate("logging")       # queued behind the LOG
-        return d
+        return self.rng.randrange(self.estimate(phase))
 
     # ---- cutting
     def hook_for(self, plan: CutPlan, fire):
         armed = [True]
 
         async def hook(phase: str, k: int) -> None:
+            if DEBUG:
+                self.env.dut._log.info(f"cycle {self.env.host.cycle}: batch {k} {phase} (plan: {plan})")
+            if armed[0] and k > plan.batch:
+                raise RuntimeError(f"the cut planned for batch {plan.batch} {plan.hook_phase} never came ({plan})")
             if armed[0] and phase == plan.hook_phase and k == plan.batch:
                 armed[0] = False
                 if plan.watch_line in ("own", "other"):
@@ -163,6 +175,8 @@ class CrashCampaign:
             if plan.extra:
                 await ClockCycles(self.env.clk, plan.extra)
         plan.fired_cycle = self.env.host.cycle
+        if DEBUG:
+            self.env.dut._log.info(f"cycle {plan.fired_cycle}: cut ({plan})")
         fire()
 
     async def cut_during(self, work, plan: CutPlan) -> str | None:
@@ -253,9 +267,23 @@ class CrashCampaign:
 
     async def run_all(self) -> dict:
         for i in range(self.points):
-            if not await self.run_point(i):
-                break
+            watchdog = cocotb.start_soon(self._watchdog(i))
+            try:
+                if not await self.run_point(i):
+                    break
+            finally:
+                watchdog.cancel()
         return self.result
+
+    async def _watchdog(self, i: int) -> None:
+        """Fail the campaign, saying where it stands, when point i runs far longer than its
+        commands take (a hang in the device or in the testbench)."""
+        budget = POINT_BUDGET_CYCLES + 50 * sum(self.estimate(p) for p in COMMAND_PHASES + ("recovery",))
+        await Timer(budget * CLOCK_PERIOD_NS, unit="ns")
+        run = self.run
+        raise RuntimeError(f"point {i + 1} ({self.order[i]}) still running after {budget} cycles: batch "
+                           f"{run.next_batch}, pending {[(s.phase, s.batch, s.seq) for s in run.pending]}, "
+                           f"submitted {run.driver.submitted}, collected {run.driver.completed}")
 
 
 def trace_knobs_from_env() -> TraceKnobs:
