@@ -37,9 +37,12 @@ class AxiLiteManager:
             getattr(self, name).value = 0
 
     def abort(self) -> None:
-        """Drive every manager signal idle (after a cancelled transaction, e.g. at a power cut)."""
+        """Forget the transaction in progress (its caller was cancelled, e.g. at a power cut):
+        drive every manager signal idle and take a new lock. A cancelled task whose trigger
+        never fires again does not unwind, so the old lock could stay held for good."""
         for name in ("awvalid", "wvalid", "bready", "arvalid", "rready"):
             getattr(self, name).value = 0
+        self._lock = Lock()
 
     async def read(self, addr: int) -> int:
         async with self._lock:
