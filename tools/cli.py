@@ -18,7 +18,6 @@ Every simulation command prints its seed and accepts --seed to replay. Results g
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import random
 import sys
@@ -92,11 +91,10 @@ def _table(title: str, rows: dict) -> str:
 
 
 def _emit(result: dict, json_path: str | None, title: str) -> None:
+    from tools.harness_run import write_json
     print(_table(title, result))
     if json_path:
-        pathlib.Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(json_path).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        print(f"wrote {json_path}")
+        write_json(json_path, result)
 
 
 def _seed(args) -> int:

@@ -25,7 +25,6 @@ the MLP image of RM1-RM4 alone (68-142 MB) does not.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import random
 import sys
@@ -36,6 +35,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sim.tb.crash_tb import PHASES  # noqa: E402
+from tools.harness_run import write_json  # noqa: E402
 
 SUMMARY_KEYS = ("verified", "model", "schedule", "seed", "points", "consistent", "inconsistent",
                 "lost_acknowledged_writes", "all_phases_hit", "cuts", "rolled_back", "batches_trained",
@@ -120,10 +120,7 @@ def cmd_crash(args) -> int:
         return 2
     print(format_result(result))
     if args.json:
-        path = pathlib.Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        print(f"wrote {path}")
+        write_json(args.json, result)
     ok = result["verified"] and not result.get("inconsistent") and not result.get("lost_acknowledged_writes")
     return 0 if ok else 1
 

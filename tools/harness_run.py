@@ -4,7 +4,8 @@
 harness for ``config`` (default ``DeviceConfig.for_simulation()``), runs ``module::testcase``
 with ``TCXL_CONFIG`` and ``TCXL_RESULT_JSON`` set on top of ``env``, and returns the JSON the
 test wrote. A failing test still returns its result, with ``error`` set to the runner's
-message; a test that wrote nothing raises ``NoResult``.
+message; a test that wrote nothing raises ``NoResult``. ``write_json(path, result)`` writes a
+command's result (sorted keys, parent folders made) and says where.
 """
 from __future__ import annotations
 
@@ -39,3 +40,10 @@ def run_harness_test(testcase: str, env: dict[str, str], module: str, config=Non
     if error and "error" not in result:
         result["error"] = error
     return result
+
+
+def write_json(path, result: dict) -> None:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {path}")

@@ -40,7 +40,6 @@ phases come with the system harness and the checkpoint issues.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import random
 import sys
@@ -87,8 +86,8 @@ def choose_device(trace, out: str):
 
 def run_embedding(args) -> dict:
     from sim.model.dlrm import get_preset
-    from tools.harness_run import NoResult, run_harness_test
     from sim.model.trace import TraceKnobs, generate_trace, summarize, write_trace
+    from tools.harness_run import NoResult, run_harness_test
 
     preset = get_preset(args.model)
     if preset.optimizer.name != "sgd":
@@ -146,6 +145,7 @@ def format_result(result: dict) -> str:
 
 
 def cmd_run(args) -> int:
+    from tools.harness_run import write_json
     if args.config != "cxl-d":
         print(f"error: --config {args.config} comes with the system harness (a later issue); only cxl-d runs now",
               file=sys.stderr)
@@ -167,10 +167,7 @@ def cmd_run(args) -> int:
         return 2
     print(format_result(result))
     if args.json:
-        path = pathlib.Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        print(f"wrote {path}")
+        write_json(args.json, result)
     return 0 if result["verified"] else 1
 
 
