@@ -31,6 +31,9 @@ would start from a corrupt state). At the end, two more batches are trained and 
 is compared with the golden model. A cut's phase is classified from PMEM after the cut:
 the first pending command without its completion in the completion ring (``idle`` when
 none); a watched flag / release cut counts as such only when its command was still running.
+A watchdog fails the campaign, naming the point, the batch and the pending commands, when a
+point runs far longer than its commands take (a hang in the device or the testbench);
+TCXL_CRASH_DEBUG=1 logs every submission and every cut.
 
 The cocotb test ``crash_campaign`` (driven by ``trainingcxl crash``, tools/crash_cmd.py)
 reads TCXL_CRASH_MODEL (default rm-tiny), TCXL_CRASH_POINTS, TCXL_CRASH_PHASES (comma list,
