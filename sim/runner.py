@@ -126,13 +126,16 @@ def build(name: str, sources: list[pathlib.Path], toplevel: str, *,
 
 
 def run(build_dir: pathlib.Path, toplevel: str, module: str, testcase: str | None = None,
-        *, env: dict[str, str] | None = None, plusargs: tuple[str, ...] = ()) -> pathlib.Path:
-    """Run cocotb test ``module`` (optionally one ``testcase``); return the results XML."""
+        *, env: dict[str, str] | None = None, plusargs: tuple[str, ...] = (),
+        label: str | None = None) -> pathlib.Path:
+    """Run cocotb test ``module`` (optionally one ``testcase``); return the results XML.
+    ``label`` (default: the testcase) names the results XML and the copied waveform; runs that
+    share a build directory at the same time need different labels."""
     setup_path()
     from cocotb_tools.runner import get_runner
     from cocotb_tools.check_results import get_results
     waves = waves_requested()
-    label = testcase or module.rsplit(".", 1)[-1]
+    label = label or testcase or module.rsplit(".", 1)[-1]
     results = build_dir / f"results-{label}.xml"
     runner = get_runner("verilator")
     runner.test(test_module=module, hdl_toplevel=toplevel, hdl_toplevel_lang="verilog",

@@ -9,6 +9,8 @@
   trainingcxl trace --preset P        a seeded DLRM trace (TBE layout, documented .npz format)
   trainingcxl run --model M ...       a model's embedding phase on the RTL, verified, JSON + table
   trainingcxl crash --points N ...    power-failure campaign: cut, recover, check, resume; JSON + table
+  trainingcxl eval --models rm1,...   the paper's evaluation (PMEM/PCIe/CXL-D/CXL-B/CXL), JSON + report
+  trainingcxl synth --target xc7      yosys synth_xilinx of the device: LUT/FF/BRAM/DSP, JSON + table
   trainingcxl fp32 --n 1000000        FP32 units against the exact reference, JSON + table
   trainingcxl waves TEST              open the last waveform of TEST in GTKWave
 
@@ -266,6 +268,10 @@ def main(argv=None) -> int:
     add_run_parser(sub)
     from tools.crash_cmd import add_crash_parser
     add_crash_parser(sub)
+    from tools.eval_cmd import add_eval_parser
+    add_eval_parser(sub)
+    from tools.synth_cmd import add_parser as add_synth_parser
+    add_synth_parser(sub)
 
     args = p.parse_args(argv)
     return args.func(args)

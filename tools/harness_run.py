@@ -4,7 +4,8 @@
 harness for ``config`` (default ``DeviceConfig.for_simulation()``), runs ``module::testcase``
 with ``TCXL_CONFIG`` and ``TCXL_RESULT_JSON`` set on top of ``env``, and returns the JSON the
 test wrote. A failing test still returns its result, with ``error`` set to the runner's
-message; a test that wrote nothing raises ``NoResult``. ``write_json(path, result)`` writes a
+message; a test that wrote nothing raises ``NoResult``. ``label`` (sim/runner.py) keeps the
+results of runs sharing the build directory at the same time apart. ``write_json(path, result)`` writes a
 command's result (sorted keys, parent folders made) and says where.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ class NoResult(Exception):
     """The simulation ended without writing its result."""
 
 
-def run_harness_test(testcase: str, env: dict[str, str], module: str, config=None) -> dict:
+def run_harness_test(testcase: str, env: dict[str, str], module: str, config=None, label: str | None = None) -> dict:
     from hw.config import DeviceConfig
     from sim import runner
     from sim.harness import TOPLEVEL, build_harness
@@ -31,7 +32,7 @@ def run_harness_test(testcase: str, env: dict[str, str], module: str, config=Non
         print(f"running {testcase}...", flush=True)
         error = None
         try:
-            runner.run(bdir, TOPLEVEL, module, testcase, env=full_env)
+            runner.run(bdir, TOPLEVEL, module, testcase, env=full_env, label=label)
         except RuntimeError as exc:       # a failed check: the result is still written
             error = str(exc)
         if not result_path.exists():

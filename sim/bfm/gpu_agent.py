@@ -20,8 +20,11 @@ holds the MLP parameters of a DLRM preset (sim/model/dlrm.py) as one flat fp32 i
   pseudo-gradients: p - fp32(lr) * g_k, g_k = grad_scale * N(0, 1) from (seed, k), all in
   fp32 (deterministic; replace ``step_fn`` with a real forward/backward later). ``lr``
   defaults to the preset's optimizer lr. Results are cached.
-- ``image_lines(k)``: params_at(k) as line ints; ``advance(k)`` writes them into the home
-  agent's memory (what the GPU holds while it trains batch k) and sets ``batch``.
+- ``image_lines(k, count=None)``: params_at(k) as line ints (the first ``count``);
+  ``advance(k)`` writes the first ``resident_lines`` of them (default: all) into the home
+  agent's memory (what the GPU holds while it trains batch k) and sets ``batch``. A run whose
+  device reads only part of a large image sets ``resident_lines`` to that part (converting
+  and storing a 142 MB image per batch would dominate the simulation).
 
 Timing (``mlp_timing(model, batch_size, clock_mhz, efficiency)`` -> ``MlpTiming``;
 ``mlp_time_cycles(...)`` its total in device cycles):
@@ -193,6 +196,7 @@ class GpuAgent:
         self.step_fn = step_fn or self.pseudo_sgd_step
         self.timing = mlp_timing(self.model, batch_size, clock_mhz, efficiency)
         self.batch: int | None = None
+        self.resident_lines = self.lines
         self._cache_size = max(1, cache_size)
         self._cache: dict[int, np.ndarray] = {0: self._initial()}
         if home_agent is not None:
@@ -243,14 +247,15 @@ class GpuAgent:
                 del self._cache[j]
         return vec.copy()
 
-    def image_lines(self, k: int) -> list[int]:
-        return values_to_lines(self.params_at(k))
+    def image_lines(self, k: int, count: int | None = None) -> list[int]:
+        count = self.lines if count is None else count
+        return values_to_lines(self.params_at(k)[:count * FLOATS_PER_LINE])
 
     def advance(self, k: int) -> None:
         """Write params_at(k) into the home agent's memory (the GPU now trains batch k)."""
         if self.ha is None:
             raise ValueError("no home agent attached")
-        for i, v in enumerate(self.image_lines(k)):
+        for i, v in enumerate(self.image_lines(k, self.resident_lines)):
             self.ha.write_memory(self.base_line + i, v)
         self.batch = k
 

@@ -8,10 +8,13 @@ state ``CheckpointedTraining`` (sim/model/checkpoint.py). Batch k of the run is 
 ``k % len(trace.batches)`` with the seeded gradients of k (``batch_gradients``), so a run can
 be longer than its trace.
 
-``mlp_lines`` (default: the whole image) limits the MLP log to the image's first lines (the
-overhead bench measures the copy rate on a part of an image too large for the simulated
-device); ``gpu_wait=False`` skips simulating the GPU's MLP time (its cycles are still
-reported). Per batch k (``await run_batch(k)``, which returns the batch's host cycles and the
+``grads`` (callable k -> per-table pooled-output gradients) and ``mlp_step`` (the GPU agent's
+``step_fn``) replace the seeded gradients and the pseudo-SGD MLP step, and ``initial`` the
+seeded initial tables (the training system, sim/system.py, passes the real MLP's and DLRM's
+initialisation). ``mlp_lines`` (default: the whole image) limits the MLP
+log to the image's first lines (the overhead bench measures the copy rate on a part of an image
+too large for the simulated device); ``gpu_wait=False`` skips simulating the GPU's MLP time
+(its cycles are still reported). Per batch k (``await run_batch(k)``, which returns the batch's host cycles and the
 last completion's cycles per phase), in the order of the schedule:
 - ``cxl-b`` (batch-aware): LOOKUP; LOG(k) and MLP_LOG(k) are submitted as soon as the
   indices are known and run while the GPU computes its MLPs (a wait of the GPU agent's
@@ -114,7 +117,8 @@ class Submitted:
 
 class CheckpointedRun:
     def __init__(self, env, trace, *, total_batches: int, schedule: str = "cxl-b", poll_cycles: int = 16,
-                 mlp_chunks: int = 1, mlp_lines: int | None = None, gpu_wait: bool = True):
+                 mlp_chunks: int = 1, mlp_lines: int | None = None, gpu_wait: bool = True,
+                 grads=None, mlp_step=None, initial=None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         m = trace.manifest
@@ -128,14 +132,17 @@ class CheckpointedRun:
         preset = get_preset(m["preset"])
         self.host_base = host_output_base(env)
         self.gpu = GpuAgent(preset, base_line=self.host_base, seed=env.seed, batch_size=self.B,
-                            clock_mhz=env.config.clock_mhz)
+                            clock_mhz=env.config.clock_mhz, step_fn=mlp_step)
         self.mlp_lines = self.gpu.lines if mlp_lines is None else mlp_lines
         if not 1 <= self.mlp_lines <= self.gpu.lines:
             raise ValueError(f"mlp_lines must be in [1, {self.gpu.lines}], got {mlp_lines}")
         self.layout = plan_checkpoint_layout(trace, env.config.capacity_lines, self.host_base, self.mlp_lines)
         self.region = self.layout.log_region
-        self.golden = CheckpointedTraining(initial_tables(m, env.seed), self.modes, self.B, self.batches,
-                                           lambda k: batch_gradients(m, env.seed, k), self.lr, mlp=self.gpu)
+        self.gpu.resident_lines = self.mlp_lines
+        initial = initial_tables(m, env.seed) if initial is None else initial
+        self.golden = CheckpointedTraining(initial, self.modes, self.B, self.batches,
+                                           grads or (lambda k: batch_gradients(m, env.seed, k)), self.lr,
+                                           mlp=self.gpu)
         self.cache: HostMemorySide | None = None
         self.driver = NdpHost(env, self.layout, poll_cycles=poll_cycles)
         self.cache_problems: list[str] = []
@@ -323,7 +330,7 @@ class CheckpointedRun:
         if res.mlp_valid:
             base = self.region.mlp_slot(res.mlp_slot) + 1
             got = self.driver.backdoor.read_lines(base, self.mlp_lines)
-            want = self.gpu.image_lines(res.mlp_batch)[:self.mlp_lines]
+            want = self.gpu.image_lines(res.mlp_batch, self.mlp_lines)
             bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
             if bad:
                 problems.append(f"MLP slot {res.mlp_slot}: {len(bad)} lines differ from the GPU's parameters "

@@ -1,0 +1,288 @@
+"""Batch time and energy of the five system configurations, composed from the RTL's measured cycles.
+
+Contract
+--------
+``compose(config, work, measured, mlp, params)`` -> ``BatchResult`` for ``config`` in
+``CONFIGS`` (architecture.md section 7). Inputs:
+
+- ``work`` (``Workload``): what one batch moves, from the trace: index occurrences, the
+  lines the lookups read, the distinct rows (and their lines) the update writes, pooled-output
+  and gradient bytes, the MLP image lines.
+- ``measured`` (``Measured``): device cycles per command from the RTL (completion
+  NDP_LAST_CYCLES, sim/system.py): LOOKUP (exact and relaxed), LOG, checkpointed UPDATE, and
+  an MLP_LOG of ``mlp_probe_lines`` lines (the whole-image copy is that rate times the image;
+  the image does not fit the simulated device).
+- ``mlp`` (sim/bfm/gpu_agent.py ``MlpTiming``): the GPU's MLP phases at the batch size.
+- ``params`` (sim/model/system_params.py): host CPU, links, software costs, energy.
+
+The device executes one command at a time (the RTL's command queue), the GPU one batch's MLP
+at a time. Per configuration, the critical path of one steady-state batch is:
+
+- **pmem**: host CPU gather-reduce over host PMEM (``cpu_lookup_ms``); copy the pooled
+  outputs to the GPU over PCIe; MLP; gradients back; host sparse SGD (``cpu_update_ms``);
+  checkpoint at batch end: the host copies the updated rows into a PMEM log and the MLP image
+  GPU -> host -> PMEM (a sequential copy at the media's write bandwidth).
+- **pcie**: device LOOKUP; software copies device -> host -> GPU (each copy: a setup, bytes
+  over PCIe; a completion sync before); MLP; gradients GPU -> host -> device; checkpoint as
+  CXL-D, except that software copies the MLP image GPU -> host, then DMAs it host -> device
+  into the log slot (the slower of PCIe and the device's measured MLP-log write rate); device
+  UPDATE.
+- **cxl-d**: device LOOKUP, pooled outputs pushed over CXL.cache through the switch (streams
+  behind the lookup: only what is longer than the lookup and one latency are exposed); MLP;
+  the GPU flushes the gradients over CXL; LOG and the whole MLP_LOG on the critical path;
+  UPDATE.
+- **cxl-b**: as cxl-d, but LOG and MLP_LOG run during the MLP; only what exceeds the MLP
+  time stalls.
+- **cxl**: cxl-b plus both relaxations. During batch k's MLP the device runs LOG(k), then
+  batch k+1's LOOKUP on the old tables (relaxed lookup; its pooled outputs stream to the GPU
+  meanwhile), then an MLP_LOG chunk in what is left of the GPU's CXL.cache window
+  (interaction + top MLP, ``MlpTiming.window``), so the MLP log of one image spreads over
+  ``mlp_log_lag_batches`` batches (at least 1/``MAX_MLP_LAG`` of the image per batch, which
+  stalls if it does not fit). After UPDATE(k) the GPU patches batch k+1's pooled vectors with
+  batch k's row deltas (memory bound on the GPU, ``patch_ms``).
+
+Breakdown keys: lookup, transfer (data movement and software orchestration), mlp, update,
+checkpoint_stall; their sum is the batch time. Time that overlaps the MLP is not on the
+critical path and is not in the breakdown; it is in ``timeline`` (lanes host, device, gpu,
+link; ms from the batch start).
+
+Energy per batch (``energy_mj`` and its breakdown): host CPU (active while it computes,
+copies or orchestrates, idle otherwise), GPU (active during the MLP and patch, idle
+otherwise), PMEM modules (static power x batch time per module, plus per-line read and write
+energy), link bytes x energy per bit, and the device (active while a command runs, idle
+otherwise; none in the PMEM configuration).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sim.model.system_params import DEFAULT_PARAMS, Link, SystemParams
+
+CONFIGS = ("pmem", "pcie", "cxl-d", "cxl-b", "cxl")
+BREAKDOWN = ("lookup", "transfer", "mlp", "update", "checkpoint_stall")
+MAX_MLP_LAG = 1024                 # the paper: accuracy holds with an MLP log hundreds of batches old
+RTX3090_MEMORY_GBPS = 936.2        # spec: NVIDIA GeForce RTX 3090, 936 GB/s GDDR6X
+
+
+@dataclass(frozen=True)
+class Workload:
+    batch_size: int
+    lookups: int                   # index occurrences in the batch
+    lookup_lines: int              # 64-byte lines the lookups read (occurrences x row lines)
+    unique_rows: int               # distinct (table, row) the batch updates
+    unique_lines: int              # their lines
+    output_bytes: int              # pooled outputs (= gradient bytes)
+    image_lines: int               # MLP parameter image
+
+
+@dataclass(frozen=True)
+class Measured:
+    clock_mhz: float
+    lookup_cycles: float
+    lookup_relaxed_cycles: float
+    log_cycles: float
+    update_cycles: float
+    mlp_probe_cycles: float
+    mlp_probe_lines: int
+
+    def ms(self, cycles: float) -> float:
+        return cycles / (self.clock_mhz * 1e3)
+
+
+@dataclass
+class BatchResult:
+    config: str
+    batch_time_ms: float
+    breakdown_ms: dict
+    timeline: list
+    energy_mj: float
+    energy_breakdown_mj: dict
+    extra: dict = field(default_factory=dict)
+
+
+def transfer_ms(link: Link, nbytes: float) -> float:
+    return link.latency_ns * 1e-6 + nbytes / (link.bandwidth_gbps * 1e9) * 1e3
+
+
+def cpu_memory_ms(params: SystemParams, lines_read: float, lines_written: float, *, bulk: bool = False) -> float:
+    """Host time to read and write random 64-byte lines of host PMEM: the larger of the
+    bandwidth bound (one occupancy budget per channel, as the media model) and the latency
+    bound (cores x fill buffers in flight), divided by the software efficiency (not for a
+    ``bulk`` sequential copy, which streams at the bounds)."""
+    h, p = params.host, params.pmem
+    line = p.line_bytes
+    bw = (lines_read * line / (p.read_bw_gbps * 1e9) + lines_written * line / (p.write_bw_gbps * 1e9)) \
+        / h.memory_channels
+    lat = (lines_read * p.read_latency_ns + lines_written * p.write_latency_ns) * 1e-9 \
+        / (h.cores * h.misses_in_flight_per_core)
+    return max(bw, lat) / (1.0 if bulk else h.software_efficiency) * 1e3
+
+
+def cpu_flops_ms(params: SystemParams, flops: float) -> float:
+    h = params.host
+    return flops / (h.cores * h.clock_ghz * 1e9 * h.flops_per_cycle) / h.software_efficiency * 1e3
+
+
+def cpu_lookup_ms(params: SystemParams, w: Workload) -> float:
+    """Gather-reduce: every occurrence's row lines read, one FMA per element (16 per line)."""
+    return cpu_memory_ms(params, w.lookup_lines, 0) + cpu_flops_ms(params, 2 * 16 * w.lookup_lines)
+
+
+def cpu_update_ms(params: SystemParams, w: Workload) -> float:
+    """Sparse SGD: every occurrence's FMAs; each distinct row read once and written back once
+    (the caches absorb repeats within the batch)."""
+    return cpu_memory_ms(params, w.unique_lines, w.unique_lines) + cpu_flops_ms(params, 2 * 16 * w.lookup_lines)
+
+
+class _Timeline:
+    def __init__(self):
+        self.items: list[dict] = []
+
+    def add(self, lane: str, phase: str, start: float, dur: float) -> float:
+        if dur > 0:
+            self.items.append({"lane": lane, "phase": phase, "start_ms": round(start, 6),
+                               "end_ms": round(start + dur, 6)})
+        return start + dur
+
+    def busy(self, lane: str, phases: tuple[str, ...] | None = None) -> float:
+        return sum(i["end_ms"] - i["start_ms"] for i in self.items
+                   if i["lane"] == lane and (phases is None or i["phase"] in phases))
+
+
+def compose(config: str, w: Workload, m: Measured, mlp, params: SystemParams = DEFAULT_PARAMS) -> BatchResult:
+    if config not in CONFIGS:
+        raise ValueError(f"config must be one of {CONFIGS}, got {config!r}")
+    sw, pcie, cxl = params.software, params.pcie, params.cxl
+    t_mlp = mlp.seconds * 1e3
+    t_lk, t_lk_rel = m.ms(m.lookup_cycles), m.ms(m.lookup_relaxed_cycles)
+    t_log, t_upd = m.ms(m.log_cycles), m.ms(m.update_cycles)
+    mlp_ms_per_line = m.ms(m.mlp_probe_cycles) / m.mlp_probe_lines
+    t_mlplog = mlp_ms_per_line * w.image_lines
+    image_bytes = w.image_lines * 64
+    setup, sync = sw.copy_setup_us * 1e-3, sw.sync_us * 1e-3
+    tl = _Timeline()
+    bd = dict.fromkeys(BREAKDOWN, 0.0)
+    link_bytes = {"pcie": 0.0, "cxl": 0.0}
+    extra: dict = {}
+
+    def step(lane, phase, key, t, dur):
+        bd[key] += dur
+        return tl.add(lane, phase, t, dur)
+
+    def wait(key, t, dur):
+        """Critical-path time spent waiting for work already on the timeline."""
+        bd[key] += dur
+        return t + dur
+
+    def sw_copy(t, nbytes, phase, key, lane="link"):
+        """One software-orchestrated copy: setup on the host, then bytes over PCIe."""
+        t = step("host", "sync", key, t, setup)
+        link_bytes["pcie"] += nbytes
+        return step(lane, phase, key, t, transfer_ms(pcie, nbytes))
+
+    t = 0.0
+    if config == "pmem":
+        t = step("host", "lookup", "lookup", t, cpu_lookup_ms(params, w))
+        t = sw_copy(t, w.output_bytes, "transfer", "transfer")
+        t = step("host", "sync", "transfer", t, sw.launch_us * 1e-3)
+        t = step("gpu", "mlp", "mlp", t, t_mlp)
+        t = step("host", "sync", "transfer", t, sync)
+        t = sw_copy(t, w.output_bytes, "transfer", "transfer")
+        t = step("host", "update", "update", t, cpu_update_ms(params, w))
+        t = step("host", "log", "checkpoint_stall", t, cpu_memory_ms(params, w.unique_lines, w.unique_lines))
+        t = sw_copy(t, image_bytes, "mlp_log", "checkpoint_stall")
+        t = step("host", "mlp_log", "checkpoint_stall", t, cpu_memory_ms(params, 0, w.image_lines, bulk=True))
+    elif config == "pcie":
+        t = step("device", "lookup", "lookup", t, t_lk)
+        t = step("host", "sync", "transfer", t, sync)
+        t = sw_copy(t, w.output_bytes, "transfer", "transfer")           # device -> host
+        t = sw_copy(t, w.output_bytes, "transfer", "transfer")           # host -> GPU
+        t = step("host", "sync", "transfer", t, sw.launch_us * 1e-3)
+        t = step("gpu", "mlp", "mlp", t, t_mlp)
+        t = step("host", "sync", "transfer", t, sync)
+        t = sw_copy(t, w.output_bytes, "transfer", "transfer")           # GPU -> host
+        t = sw_copy(t, w.output_bytes, "transfer", "transfer")           # host -> device
+        t = step("device", "log", "checkpoint_stall", t, t_log)
+        t = sw_copy(t, image_bytes, "mlp_log", "checkpoint_stall")       # GPU -> host
+        # host -> device DMA straight into the MLP log slot: PCIe and the media's writes overlap.
+        t = step("host", "sync", "checkpoint_stall", t, setup)
+        link_bytes["pcie"] += image_bytes
+        tl.add("link", "mlp_log", t, transfer_ms(pcie, image_bytes))
+        t = step("device", "mlp_log", "checkpoint_stall", t, max(t_mlplog, transfer_ms(pcie, image_bytes)))
+        t = step("host", "sync", "transfer", t, sync)
+        t = step("device", "update", "update", t, t_upd)
+    else:
+        grads = transfer_ms(cxl, w.output_bytes)
+        link_bytes["cxl"] += 2 * w.output_bytes
+        if config in ("cxl-d", "cxl-b"):
+            lookup_start = t
+            t = step("device", "lookup", "lookup", t, t_lk)
+            # The pooled outputs stream to the GPU behind the lookup: only the part longer than
+            # the lookup, and at least one latency, is exposed.
+            exposed = max(cxl.latency_ns * 1e-6, lookup_start + transfer_ms(cxl, w.output_bytes) - t)
+            tl.add("link", "transfer", lookup_start, t + exposed - lookup_start)
+            bd["transfer"] += exposed
+            t += exposed
+            mlp_start = t
+            t = step("gpu", "mlp", "mlp", t, t_mlp)
+            if config == "cxl-d":
+                t = step("device", "log", "checkpoint_stall", t, t_log)
+                link_bytes["cxl"] += image_bytes
+                t = step("device", "mlp_log", "checkpoint_stall", t, t_mlplog)
+            else:
+                d = tl.add("device", "log", mlp_start, t_log)
+                link_bytes["cxl"] += image_bytes
+                d = tl.add("device", "mlp_log", d, t_mlplog)
+                t = wait("checkpoint_stall", t, max(0.0, d - t))
+            t = step("link", "transfer", "transfer", t, grads)
+        else:                                                            # cxl: both relaxations
+            mlp_start = t
+            t = step("gpu", "mlp", "mlp", t, t_mlp)
+            d = tl.add("device", "log", mlp_start, t_log)
+            d = tl.add("device", "lookup", d, t_lk_rel)                   # batch k+1, old tables
+            tl.add("link", "transfer", d - t_lk_rel, max(t_lk_rel, transfer_ms(cxl, w.output_bytes)))
+            w0, w1 = (mlp_start + m.ms(c) for c in mlp.window)
+            free = max(0.0, w1 - max(w0, d))
+            chunk = max(free / mlp_ms_per_line, w.image_lines / MAX_MLP_LAG)
+            chunk = min(chunk, w.image_lines)
+            link_bytes["cxl"] += chunk * 64
+            dm = tl.add("device", "mlp_log", max(w0, d), chunk * mlp_ms_per_line)
+            extra.update(mlp_log_chunk_lines=int(chunk), mlp_log_lag_batches=math.ceil(w.image_lines / chunk))
+            over = max(0.0, dm - t)                                      # device work the MLP did not hide
+            over_chunk = min(over, chunk * mlp_ms_per_line)
+            over_lookup = min(over - over_chunk, t_lk_rel)
+            t = wait("checkpoint_stall", t, over_chunk)
+            t = wait("lookup", t, over_lookup)
+            t = wait("checkpoint_stall", t, over - over_chunk - over_lookup)
+            t = step("link", "transfer", "transfer", t, grads)
+        t = step("device", "update", "update", t, t_upd)
+        if config == "cxl":
+            patch = sw.launch_us * 1e-3 + 2 * w.output_bytes / (RTX3090_MEMORY_GBPS * 1e9) * 1e3
+            t = step("gpu", "patch", "lookup", t, patch)
+    batch = t
+    images = 1.0 / extra["mlp_log_lag_batches"] if config == "cxl" else 1.0
+    energy = _energy(config, batch, tl, w, link_bytes, images, params)
+    return BatchResult(config, batch, {k: v for k, v in bd.items()}, tl.items, sum(energy.values()), energy, extra)
+
+
+def _energy(config: str, batch: float, tl: _Timeline, w: Workload, link_bytes: dict, images: float,
+            p: SystemParams) -> dict:
+    """mJ per batch (W x ms = mJ; nJ x 1e-6 = mJ); ``images``: MLP images logged per batch."""
+    e = p.energy
+    host_busy = min(batch, tl.busy("host"))
+    gpu_busy = min(batch, tl.busy("gpu"))
+    out = {"host_cpu": host_busy * e.cpu_active_w + (batch - host_busy) * e.cpu_idle_w,
+           "gpu": gpu_busy * e.gpu_active_w + (batch - gpu_busy) * e.gpu_idle_w}
+    modules = p.host.memory_channels if config == "pmem" else 4
+    reads = w.lookup_lines + 2 * w.unique_lines                 # lookup; update and log read the rows
+    writes = 2 * w.unique_lines + images * w.image_lines       # update and log write them; MLP log
+    out["pmem"] = modules * e.pmem_module_w * batch + (reads * e.pmem_read_nj_per_line
+                                                       + writes * e.pmem_write_nj_per_line) * 1e-6
+    out["link"] = sum(n * 8 * (p.pcie if k == "pcie" else p.cxl).energy_pj_per_bit * 1e-9
+                      for k, n in link_bytes.items())
+    if config != "pmem":
+        dev_busy = min(batch, tl.busy("device"))
+        out["device"] = dev_busy * e.device_active_w + (batch - dev_busy) * e.device_idle_w
+    return out
+
