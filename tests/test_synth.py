@@ -18,7 +18,25 @@ from amaranth import Elaboratable, Module, Signal
 from amaranth.back import verilog
 from amaranth.lib.memory import Memory
 
-from tools.synth_cmd import add_parser, format_result, main, module_names, summarize, synthesize
+from tools.synth_cmd import (
+    COUNT_KEYS,
+    SynthError,
+    add_parser,
+    block_of,
+    blocks_script,
+    device_blocks,
+    empty_block,
+    format_blocks,
+    format_result,
+    main,
+    merge_blocks,
+    module_names,
+    parse_blocks,
+    summarize,
+    synthesize,
+    synthesize_blocks,
+    verilog_modules,
+)
 
 
 class Tiny(Elaboratable):
@@ -118,11 +136,15 @@ def test_parser_defaults():
         ("xc7", "build/synth.json", "trainingcxl_device", "build/synth", None, main)
     with pytest.raises(SystemExit):
         _parse("--target", "ice40")
+    assert (a.blocks, a.block_timeout) == (None, 900.0)
+    assert _parse("--blocks", "csr,bias", "--block-timeout", "60").blocks == "csr,bias"
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--timeout", "0"], "--timeout must be a positive"),
     (["--top", "lookup"], "--top must be trainingcxl_device or one of its blocks"),
+    (["--blocks", "all", "--block-timeout", "-1"], "--block-timeout must be a positive"),
+    (["--blocks", "csr", "--top", "trainingcxl_device.csr"], "--blocks and --top exclude each other"),
 ])
 def test_bad_requests_exit_2(argv, message, capsys, tmp_path):
     assert main(_parse("--json", str(tmp_path / "s.json"), "--keep", str(tmp_path), *argv)) == 2
@@ -132,3 +154,113 @@ def test_bad_requests_exit_2(argv, message, capsys, tmp_path):
 
 def test_stat_sample_is_json():
     json.dumps(summarize(STAT))      # the result is what write_json gets
+
+
+# Per-block mode (--blocks): the block list from the module names, the Verilog split, the
+# script, the merge of per-block results; one real run of a two-block toy device (both
+# blocks complete) and one where every block times out (the restart path).
+class Counter(Elaboratable):
+    def __init__(self):
+        self.count = Signal(16)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.sync += self.count.eq(self.count + 1)
+        return m
+
+
+class ToyDevice(Elaboratable):
+    """``trainingcxl_device`` with blocks ``alpha`` (Tiny) and ``beta`` (a counter holding a
+    counter: the nested module ``trainingcxl_device.beta.inner``)."""
+
+    def __init__(self):
+        self.tiny, self.inner = Tiny(), Counter()
+        self.sum = Signal(16)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.alpha = self.tiny
+        m.submodules.beta = beta = Module()
+        beta.submodules.inner = self.inner
+        m.d.sync += self.sum.eq(self.inner.count ^ self.tiny.count[:16])
+        return m
+
+
+@pytest.fixture(scope="module")
+def toy_verilog():
+    d = ToyDevice()
+    return verilog.convert(d, name="trainingcxl_device", ports=_ports(d.tiny) + [d.sum], emit_src=False)
+
+
+def test_block_list_is_derived_from_module_names(toy_verilog):
+    modules = verilog_modules(toy_verilog)
+    assert set(modules) == module_names(toy_verilog)
+    assert {"trainingcxl_device", "trainingcxl_device.alpha", "trainingcxl_device.beta.inner"} <= set(modules)
+    assert all(t.rstrip().endswith("endmodule") and t.count("\nmodule ") + t.startswith("module ") == 1
+               for t in modules.values())
+    assert sum(map(len, modules.values())) <= len(toy_verilog) < sum(map(len, modules.values())) + 200
+    assert device_blocks(modules) == ["alpha", "beta"]
+    assert device_blocks(["trainingcxl_device", "trainingcxl_device.x.y.z", "other.q", "trainingcxl_device.a"]) \
+        == ["a", "x"]
+    assert (block_of("trainingcxl_device.beta.inner"), block_of("trainingcxl_device"), block_of("trainingcxl_x.a")) \
+        == ("beta", None, None)
+    assert parse_blocks("all", ["a", "b"]) == ["a", "b"]
+    assert parse_blocks(" b, trainingcxl_device.a ,b", ["a", "b"]) == ["b", "a"]
+    for bad in ("c", "a,c", ","):
+        with pytest.raises(SynthError, match="the device has: a, b"):
+            parse_blocks(bad, ["a", "b"])
+    script = blocks_script("blocks-1.v", ["a", "b"], "xc7").splitlines()
+    assert script[:2] == ["read_verilog blocks-1.v", "design -save read"] and script.count("design -load read") == 2
+    assert "synth_xilinx -family xc7 -top trainingcxl_device.b -flatten -noiopad -noclkbuf" in script
+    assert script[-2:] == ["tee -q -o b.stats.json stat -json", "log BLOCK-END b"]
+
+
+def _done(lut, ff, bram, seconds, mapping):
+    r = empty_block()
+    r.update(summarize({"modules": {"\\m": {"num_cells_by_type": {"LUT6": lut, "FDRE": ff, "RAMB18E1": bram}}}}))
+    r.pop("yosys_version")
+    return {**r, "ok": True, "seconds": seconds, "memory_mapping": mapping}
+
+
+def test_merge_sums_completed_blocks_only():
+    timed_out = {**empty_block(), "timed_out": True, "error": "timed out after 900 s in MEMORY_MAP pass",
+                 "seconds": 900.0, "memory_mapping": {"scratch": "FF", "tags": "FF"}}
+    failed = {**empty_block(), "error": "yosys exited with 1"}
+    r = merge_blocks({"csr": _done(10, 20, 1, 3.0, {}), "lookup": _done(5, 7, 4, 9.5, {"rows": "BLOCKRAM_SDP"}),
+                      "update": timed_out, "bias": failed})
+    s = r["sum_of_completed_blocks"]
+    assert (s["lut"], s["ff"], s["ramb18"], s["bram36_equiv"], s["dsp"], s["blocks"]) == (15, 27, 5, 2.5, 0, 2)
+    assert set(s) == set(COUNT_KEYS) | {"blocks"}
+    assert r["incomplete_blocks"] == ["update", "bias"] and not r["ok"]
+    assert r["error"] == "2 of 4 blocks did not complete: update (timed out), bias (failed)"
+    assert r["memory_mapping"] == {"lookup.rows": "BLOCKRAM_SDP", "update.scratch": "FF", "update.tags": "FF"}
+    assert merge_blocks({"csr": _done(1, 1, 0, 1.0, {})})["ok"] and not merge_blocks({})["ok"]
+    table = format_blocks({**r, "target": "xc7", "top": "trainingcxl_device"})
+    assert "TIMED OUT: timed out after 900 s" in table and "FF memories: scratch, tags" in table
+    assert "sum (2 ok)" in table and "incomplete: update, bias" in table
+    json.dumps(r)
+
+
+def test_blocks_run_in_one_process(toy_verilog, tmp_path):
+    modules = verilog_modules(toy_verilog)
+    r = synthesize_blocks(modules, ["beta", "alpha"], "xc7", tmp_path, block_timeout=120, timeout=240,
+                          say=lambda *a, **kw: None)
+    assert r["ok"] and r["incomplete_blocks"] == [] and r["yosys_processes"] == 1, r
+    assert list(r["blocks"]) == ["beta", "alpha"]
+    a, b = r["blocks"]["alpha"], r["blocks"]["beta"]
+    assert (a["ramb36"], a["dsp"], a["timed_out"]) == (1, 1, False) and a["seconds"] > 0
+    assert list(a["memory_mapping"].values())[0].startswith("BLOCKRAM") and r["memory_mapping"]
+    assert 16 <= b["ff"] < 40 and b["ramb36"] == 0                  # the inner counter, nothing of alpha
+    assert r["sum_of_completed_blocks"]["ff"] == a["ff"] + b["ff"]
+    assert r["yosys_version"].startswith("Yosys 0.")
+    v = (tmp_path / "blocks-1.v").read_text()
+    assert "trainingcxl_device.beta.inner" in v and "module trainingcxl_device(" not in v
+
+
+def test_block_timeout_restarts_for_the_rest(toy_verilog, tmp_path):
+    r = synthesize_blocks(verilog_modules(toy_verilog), ["alpha", "beta"], "xc7", tmp_path, block_timeout=0.2,
+                          say=lambda *a, **kw: None)
+    assert r["incomplete_blocks"] == ["alpha", "beta"] and not r["ok"]
+    assert all(b["timed_out"] and "timed out after 0.2 s" in b["error"] for b in r["blocks"].values())
+    assert r["yosys_processes"] == 2 and "alpha" not in (tmp_path / "blocks-2.v").read_text()
+    assert r["sum_of_completed_blocks"]["blocks"] == 0

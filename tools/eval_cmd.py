@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import pathlib
 import sys
@@ -183,17 +184,22 @@ def compose_model(model: str, configs: list[str], runs: dict) -> list[dict]:
             m, w = measured_of(runs.get("exact"), runs.get("relaxed"), order)
             mlp = mlp_timing(model, w.batch_size, m.clock_mhz)
             r = compose(config, w, m, mlp)
+            # The same batch without any MLP log: how much of the difference the MLP image makes.
+            no_mlp_log = compose(config, dataclasses.replace(w, image_lines=0), m, mlp).batch_time_ms
             entry.update(batch_time_ms=r.batch_time_ms, breakdown_ms=r.breakdown_ms, timeline=r.timeline,
                          energy_mj=r.energy_mj, energy_breakdown_mj=r.energy_breakdown_mj, **r.extra,
                          measured_cycles={"lookup": m.lookup_cycles, "lookup_relaxed": m.lookup_relaxed_cycles,
                                           "log": m.log_cycles, "update": m.update_cycles,
                                           "mlp_log_probe": m.mlp_probe_cycles, "mlp_probe_lines": m.mlp_probe_lines},
-                         workload=w.__dict__, gpu_mlp_ms=mlp.seconds * 1e3)
+                         workload=w.__dict__, gpu_mlp_ms=mlp.seconds * 1e3,
+                         batch_time_ms_without_mlp_log=no_mlp_log)
         out.append(entry)
     base = next((e.get("batch_time_ms") for e in out if e["config"] == "pmem"), None)
+    base_no = next((e.get("batch_time_ms_without_mlp_log") for e in out if e["config"] == "pmem"), None)
     for e in out:
         if base and e.get("batch_time_ms"):
             e["speedup_vs_pmem"] = base / e["batch_time_ms"]
+            e["speedup_vs_pmem_without_mlp_log"] = base_no / e["batch_time_ms_without_mlp_log"]
     return out
 
 

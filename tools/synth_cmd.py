@@ -1,6 +1,7 @@
 """``trainingcxl synth``: resource estimate of the device from Yosys, JSON + table.
 
   trainingcxl synth [--target xc7] [--json FILE] [--top MODULE] [--keep DIR] [--timeout S]
+  trainingcxl synth [--target xc7] --blocks all|NAME[,NAME...] [--block-timeout S] [--json FILE] ...
 
 Writes the Verilog of the device in its DEFAULT configuration (``DeviceConfig()``, the same
 code path as ``trainingcxl verilog``) into the keep folder (default build/synth/), then runs
@@ -27,8 +28,36 @@ JSON keys (the contract): ``target``, ``top``, ``device_config`` (the DeviceConf
 BLOCKRAM_TDP, LUTRAM_SDP, ... or FF, memory_libmap's choice), ``pass_seconds`` (the slowest synth_xilinx
 steps), ``peak_rss_mb`` (Yosys), ``yosys_seconds``, ``wall_seconds``, ``ok``, ``error``.
 
+Per-block mode, ``--blocks all|NAME[,NAME...] [--block-timeout S]``: the whole device does not
+fit a 4 GiB Yosys in reasonable time (its multi-port memories become flip-flops), so each
+top-level block of ``trainingcxl_device`` (``all``: every ``trainingcxl_device.NAME`` module of
+the Verilog, derived from the module names, never a fixed list) is synthesized alone, as if it
+were ``--top trainingcxl_device.NAME``. The Verilog is split by module in Python and ONE Yosys
+process reads the modules of the requested blocks once (``blocks-1.v``; the device's own top
+module is left out), ``design -save read``, then for each block (smallest Verilog first)
+``design -load read; synth_xilinx ... -top trainingcxl_device.NAME; tee -q -o NAME.stats.json
+stat -json`` between ``log`` markers that the log follower uses to time each block. A block
+still running after ``--block-timeout`` (default 900 s) is killed with the process and recorded
+``timed_out`` (with the memory_libmap decisions logged so far); likewise a Yosys error inside a
+block fails that block only. Either way a new process (``blocks-2.v``, ``run-2.ys``, ``run-2.log``,
+...) reads the modules of the blocks not yet run and carries on. ``--timeout`` bounds the whole
+run: the blocks it leaves unrun are recorded with ``ok`` false and an ``error``. The files go to
+``KEEP/blocks/``.
+
+Per-block JSON: ``mode`` ("blocks"), ``target``, ``top``, ``device_config``, ``yosys_version``,
+``block_timeout``, ``blocks`` {NAME: {``lut``, ``ff``, ``ramb36``, ``ramb18``, ``bram36_equiv``,
+``dsp``, ``lutram``, ``srl``, ``carry4``, ``cells_total``, ``cells``, ``ok``, ``timed_out``,
+``error``, ``seconds``, ``memory_mapping``, ``pass_seconds``}} (the counts are null for a block
+that did not complete), ``sum_of_completed_blocks`` (the counts summed over the ``ok`` blocks,
+plus ``blocks``: how many), ``incomplete_blocks`` (names, in run order), ``memory_mapping``
+(``NAME.memory`` -> decision, all blocks), ``warnings``, ``yosys_processes``, ``peak_rss_mb``,
+``yosys_seconds``, ``wall_seconds``, ``ok`` (every block completed), ``error``. Block sums are
+not the device: ``-flatten`` cannot optimise across block boundaries here, and the glue
+logic of the top module is not counted.
+
 Exit codes: 0 success, 2 a bad request (one-line error), 1 Yosys failed or timed out (the
-tail of its log is printed; the JSON is still written with ``ok`` false).
+tail of its log is printed; the JSON is still written with ``ok`` false); with ``--blocks``, 1
+when any block did not complete (the JSON and table hold the ones that did).
 """
 from __future__ import annotations
 
@@ -213,11 +242,242 @@ def format_result(r: dict) -> str:
     return "\n".join([title, "-" * len(title)] + [f"{k:<{width}}  {v}" for k, v in rows.items()])
 
 
+# Per-block mode (see the module docstring).
+BLOCK_MARK = re.compile(r"^BLOCK-(BEGIN|END) (\S+)$")
+COUNT_KEYS = ("lut", "ff", "ramb36", "ramb18", "bram36_equiv", "dsp", "lutram", "srl", "carry4", "cells_total")
+END_OF_MODULE = re.compile(r"^endmodule\b[^\n]*\n?", re.M)
+
+
+def verilog_modules(text: str) -> dict[str, str]:
+    """Module name -> its text, the attributes before ``module`` included, up to ``endmodule``."""
+    out, start = {}, 0
+    for m in END_OF_MODULE.finditer(text):
+        chunk, start = text[start:m.end()], m.end()
+        name = re.search(r"^module \\?([^\s(]+)", chunk, re.M)
+        if name:
+            out[name.group(1)] = chunk
+    return out
+
+
+def block_of(module: str, top: str = DEFAULT_TOP) -> str | None:
+    """``top.NAME`` and ``top.NAME.sub...`` belong to block NAME; anything else to none."""
+    return module[len(top) + 1:].split(".")[0] if module.startswith(top + ".") else None
+
+
+def device_blocks(module_names_, top: str = DEFAULT_TOP) -> list[str]:
+    """The top-level blocks of ``top``, from the Verilog module names (sorted)."""
+    return sorted({b for b in map(lambda n: block_of(n, top), module_names_) if b})
+
+
+def parse_blocks(request: str, available: list[str]) -> list[str]:
+    """``all`` or a comma list (``NAME`` or ``trainingcxl_device.NAME``) -> block names."""
+    if request.strip() == "all":
+        return list(available)
+    names = list(dict.fromkeys(n.strip().removeprefix(DEFAULT_TOP + ".") for n in request.split(",") if n.strip()))
+    unknown = [n for n in names if n not in available]
+    if unknown or not names:
+        raise SynthError(f"--blocks: unknown block(s) {', '.join(unknown) or '(none given)'}; "
+                         f"the device has: {', '.join(available)}")
+    return names
+
+
+def blocks_script(verilog_name: str, blocks: list[str], target: str) -> str:
+    lines = [f"read_verilog {verilog_name}", "design -save read"]
+    for b in blocks:
+        lines += [f"log BLOCK-BEGIN {b}", "design -load read", TARGETS[target].format(top=f"{DEFAULT_TOP}.{b}"),
+                  f"tee -q -o {b}.stats.json stat -json", f"log BLOCK-END {b}"]
+    return "\n".join(lines + [""])
+
+
+def empty_block() -> dict:
+    return {**dict.fromkeys(COUNT_KEYS), "cells": None, "ok": False, "timed_out": False, "error": None,
+            "seconds": None, "memory_mapping": {}, "pass_seconds": {}}
+
+
+def _slowest(passes: dict, n: int) -> dict:
+    return dict(sorted(((k, round(v, 1)) for k, v in passes.items()), key=lambda kv: -kv[1])[:n])
+
+
+def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str], results: dict,
+                       block_timeout: float, timeout: float | None, say) -> dict:
+    """One Yosys process over ``blocks`` (in order), filling ``results[block]``. Returns
+    ``remaining`` (the blocks a new process must run), ``stop`` (the whole-run --timeout hit),
+    ``warnings``, ``seconds``, ``version``."""
+    log.unlink(missing_ok=True)
+    with open(log.parent / f"console-{log.stem}.txt", "w") as console:
+        proc = subprocess.Popen(_yosys_argv() + ["-q", "-l", log.name, "-s", script.name], cwd=script.parent,
+                                stdout=console, stderr=subprocess.STDOUT)
+        t0 = beat = time.monotonic()
+        cur, began, step, step_t, passes = None, 0.0, "read_verilog", t0, {}
+        done, warnings, version, killed = [], [], None, None
+        for line in _follow(log, proc):
+            now = time.monotonic()
+            if timeout is not None and now - t0 > timeout:
+                killed = "run"
+            elif cur and now - began > block_timeout:
+                killed = "block"
+            if killed:
+                proc.kill()
+                break
+            text = line.strip() if line else ""
+            if (mark := BLOCK_MARK.match(text)) and mark.group(2) in results:
+                kind, blk = mark.groups()
+                if kind == "BEGIN":
+                    cur, began, passes, step, step_t = blk, now, {}, "start", now
+                    say(f"  [{now - t0:7.1f}s] {blk}: begin", flush=True)
+                elif kind == "END" and blk == cur:
+                    r = results[blk]
+                    passes[step] = passes.get(step, 0.0) + now - step_t
+                    r["seconds"], r["pass_seconds"] = round(now - began, 1), _slowest(passes, 5)
+                    try:
+                        counts = summarize(json.loads((script.parent / f"{blk}.stats.json").read_text()))
+                        version = counts.pop("yosys_version") or version
+                        r.update(counts, ok=True)
+                    except (OSError, ValueError) as e:
+                        r["error"] = f"no usable stat -json: {e}"
+                    say(f"  [{now - t0:7.1f}s] {blk}: done in {r['seconds']} s, {r['lut']} LUT, {r['ff']} FF",
+                        flush=True)
+                    done.append(blk)
+                    cur = None
+            elif m := PASS_LINE.match(text):
+                passes[step] = passes.get(step, 0.0) + now - step_t
+                step, step_t, beat = f"{m.group(3)}", now, now
+            elif text.startswith("Warning:"):
+                warnings.append(f"{cur or '(read)'}: {text}")
+            elif cur and (mm := MEMORY_LINE.match(text)) and "$auto$proc_rom" not in text:
+                results[cur]["memory_mapping"][(mm.group(1) or mm.group(3)).lstrip("\\")] = mm.group(2) or "FF"
+            elif now - beat > HEARTBEAT_SECONDS:
+                beat = now
+                where = f"{cur} ({now - began:.0f} s)" if cur else "reading the Verilog"
+                say(f"  [{now - t0:7.1f}s]   ... {where}: {step}", flush=True)
+        rc = proc.wait()
+    now = time.monotonic()
+    todo = [b for b in blocks if b not in done]
+    out = {"remaining": [], "stop": False, "warnings": warnings, "seconds": round(now - t0, 1), "version": version}
+    if cur:                                     # a block was running: it fails alone, the rest go on
+        r = results[cur]
+        passes[step] = passes.get(step, 0.0) + now - step_t
+        r["seconds"], r["pass_seconds"] = round(now - began, 1), _slowest(passes, 5)
+        if killed == "block":
+            r["timed_out"], r["error"] = True, f"timed out after {block_timeout:g} s in {step}"
+        elif killed == "run":
+            r["timed_out"], r["error"] = True, f"--timeout of the whole run reached in {step}"
+        else:
+            r["error"] = f"yosys exited with {rc} in {step} (see {log})"
+        say(f"  [{now - began:7.1f}s] {cur}: {r['error']}", flush=True)
+        out["remaining"] = todo[1:]
+    if killed == "run" or (not cur and todo):  # the run's time is up, or Yosys died outside a block
+        why = "not run: --timeout of the whole run reached" if killed == "run" else \
+            f"not run: yosys {'was stopped' if killed else f'exited with {rc}'} outside a block (see {log})"
+        for b in (todo[1:] if cur else todo):
+            results[b]["error"] = why
+        out["remaining"], out["stop"] = [], True
+    return out
+
+
+def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, folder: pathlib.Path,
+                      block_timeout: float, timeout: float | None = None, say=print) -> dict:
+    """Synthesize each block alone (see the module docstring): one Yosys process reads the
+    modules of the blocks once; a block that times out or fails costs a new process for the rest.
+    Returns the per-block JSON without ``device_config`` / ``wall_seconds``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    results = {b: empty_block() for b in blocks}
+    remaining, t0, runs, warnings, version, yosys_seconds = list(blocks), time.monotonic(), 0, [], None, 0.0
+    while remaining:
+        runs += 1
+        left = None if timeout is None else timeout - (time.monotonic() - t0)
+        if left is not None and left <= 0:
+            for b in remaining:
+                results[b]["error"] = "not run: --timeout of the whole run reached"
+            break
+        verilog, script, log = folder / f"blocks-{runs}.v", folder / f"run-{runs}.ys", folder / f"run-{runs}.log"
+        verilog.write_text("".join(t for name, t in modules.items() if block_of(name) in remaining))
+        for b in remaining:
+            (folder / f"{b}.stats.json").unlink(missing_ok=True)
+        script.write_text(blocks_script(verilog.name, remaining, target))
+        say(f"yosys -s {script} ({len(remaining)} blocks: {', '.join(remaining)}; log: {log})", flush=True)
+        run = _run_block_process(script, log, remaining, results, block_timeout, left, say)
+        warnings += run["warnings"]
+        version = run["version"] or version
+        yosys_seconds += run["seconds"]
+        remaining = run["remaining"]
+    out = merge_blocks(results)
+    out.update(mode="blocks", target=target, top=DEFAULT_TOP, block_timeout=block_timeout, yosys_version=version,
+               warnings=warnings, yosys_processes=runs, yosys_seconds=round(yosys_seconds, 1),
+               peak_rss_mb=round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024))
+    return out
+
+
+def merge_blocks(results: dict) -> dict:
+    """``blocks``, ``sum_of_completed_blocks``, ``incomplete_blocks``, ``memory_mapping``, ``ok``,
+    ``error`` from the per-block results (in run order)."""
+    done = [r for r in results.values() if r["ok"]]
+    total = {k: sum(r[k] for r in done) for k in COUNT_KEYS}
+    total["blocks"] = len(done)
+    incomplete = [b for b, r in results.items() if not r["ok"]]
+    mapping = {f"{b}.{mem}": how for b, r in results.items() for mem, how in r["memory_mapping"].items()}
+    error = None
+    if incomplete:
+        error = f"{len(incomplete)} of {len(results)} blocks did not complete: " + \
+            ", ".join(f"{b} ({'timed out' if results[b]['timed_out'] else 'failed'})" for b in incomplete)
+    return {"blocks": results, "sum_of_completed_blocks": total, "incomplete_blocks": incomplete,
+            "memory_mapping": mapping, "ok": bool(results) and not incomplete, "error": error}
+
+
+def format_blocks(r: dict) -> str:
+    title = f"trainingcxl synth --blocks: {r['top']} on {r['target']}, each block synthesized alone"
+    head = f"{'block':<14}{'LUT':>9}{'FF':>9}{'BRAM36eq':>10}{'DSP':>6}{'LUTRAM':>8}{'CARRY4':>8}{'seconds':>9}  status"
+
+    def row(name, c, seconds, status):
+        cols = [c.get(k) for k in ("lut", "ff", "bram36_equiv", "dsp", "lutram", "carry4")]
+        cols = ["-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in cols]
+        return (f"{name:<14}{cols[0]:>9}{cols[1]:>9}{cols[2]:>10}{cols[3]:>6}{cols[4]:>8}{cols[5]:>8}"
+                f"{'-' if seconds is None else seconds:>9}  {status}")
+
+    lines = [title, "-" * len(title), head]
+    for name, b in r["blocks"].items():
+        status = "ok" if b["ok"] else ("TIMED OUT: " if b["timed_out"] else "FAILED: ") + str(b["error"])
+        ffs = [m for m, how in b["memory_mapping"].items() if how == "FF"]
+        lines.append(row(name, b, b["seconds"], status + (f"; FF memories: {', '.join(ffs)}" if ffs else "")))
+    s = r["sum_of_completed_blocks"]
+    lines.append(row(f"sum ({s['blocks']} ok)", s, None, f"incomplete: {', '.join(r['incomplete_blocks']) or 'none'}"))
+    lines.append(f"yosys: {r.get('yosys_version')}, {r.get('yosys_processes')} process(es), "
+                 f"peak {r.get('peak_rss_mb')} MB, wall {r.get('wall_seconds')} s")
+    return "\n".join(lines)
+
+
+def main_blocks(args, t0: float) -> int:
+    from hw.config import DeviceConfig
+    keep = pathlib.Path(args.keep)
+    keep.mkdir(parents=True, exist_ok=True)
+    modules = verilog_modules(generate_verilog(keep).read_text())
+    try:
+        blocks = parse_blocks(args.blocks, device_blocks(modules))
+    except SynthError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    size = {b: sum(len(t) for n, t in modules.items() if block_of(n) == b) for b in blocks}
+    blocks.sort(key=lambda b: size[b])         # the small ones first: a runaway cannot hold them up
+    result = synthesize_blocks(modules, blocks, args.target, keep / "blocks", args.block_timeout, args.timeout)
+    result["device_config"] = dataclasses.asdict(DeviceConfig())
+    result["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    print(format_blocks(result))
+    write_json(args.json, result)
+    if not result["ok"]:
+        print(f"error: {result['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _check_request(args) -> None:
     if args.timeout is not None and args.timeout <= 0:
         raise SynthError("--timeout must be a positive number of seconds")
     if args.top != DEFAULT_TOP and not args.top.startswith(DEFAULT_TOP + "."):
         raise SynthError(f"--top must be {DEFAULT_TOP} or one of its blocks ({DEFAULT_TOP}.NAME), got {args.top!r}")
+    if args.block_timeout <= 0:
+        raise SynthError("--block-timeout must be a positive number of seconds")
+    if args.blocks is not None and args.top != DEFAULT_TOP:
+        raise SynthError("--blocks and --top exclude each other (--blocks NAME synthesizes one block)")
 
 
 def main(args) -> int:
@@ -227,6 +487,8 @@ def main(args) -> int:
     except SynthError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.blocks is not None:
+        return main_blocks(args, t0)
     from hw.config import DeviceConfig
     keep = pathlib.Path(args.keep)
     keep.mkdir(parents=True, exist_ok=True)
@@ -259,6 +521,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", default="build/synth.json", help="write the result here")
     p.add_argument("--top", default=DEFAULT_TOP, help="module to synthesize (the device, or one of its blocks)")
     p.add_argument("--keep", default="build/synth", help="folder for the Verilog, synth.ys, yosys.log, stats.json")
-    p.add_argument("--timeout", type=float, default=None, help="stop Yosys after this many seconds")
+    p.add_argument("--timeout", type=float, default=None, help="stop Yosys after this many seconds (with --blocks: "
+                   "the whole run)")
+    p.add_argument("--blocks", default=None, metavar="all|NAME[,NAME...]",
+                   help="synthesize these top-level blocks of the device one by one (JSON per block)")
+    p.add_argument("--block-timeout", type=float, default=900.0,
+                   help="with --blocks: give up on a block after this many seconds (default 900)")
     p.set_defaults(func=main)
     return p

@@ -244,11 +244,11 @@ def compose(config: str, w: Workload, m: Measured, mlp, params: SystemParams = D
             tl.add("link", "transfer", d - t_lk_rel, max(t_lk_rel, transfer_ms(cxl, w.output_bytes)))
             w0, w1 = (mlp_start + m.ms(c) for c in mlp.window)
             free = max(0.0, w1 - max(w0, d))
-            chunk = max(free / mlp_ms_per_line, w.image_lines / MAX_MLP_LAG)
-            chunk = min(chunk, w.image_lines)
+            chunk = min(max(free / mlp_ms_per_line, w.image_lines / MAX_MLP_LAG), w.image_lines)
             link_bytes["cxl"] += chunk * 64
             dm = tl.add("device", "mlp_log", max(w0, d), chunk * mlp_ms_per_line)
-            extra.update(mlp_log_chunk_lines=int(chunk), mlp_log_lag_batches=math.ceil(w.image_lines / chunk))
+            extra.update(mlp_log_chunk_lines=int(chunk),
+                         mlp_log_lag_batches=math.ceil(w.image_lines / chunk) if chunk else 0)
             over = max(0.0, dm - t)                                      # device work the MLP did not hide
             over_chunk = min(over, chunk * mlp_ms_per_line)
             over_lookup = min(over - over_chunk, t_lk_rel)
@@ -261,7 +261,7 @@ def compose(config: str, w: Workload, m: Measured, mlp, params: SystemParams = D
             patch = sw.launch_us * 1e-3 + 2 * w.output_bytes / (RTX3090_MEMORY_GBPS * 1e9) * 1e3
             t = step("gpu", "patch", "lookup", t, patch)
     batch = t
-    images = 1.0 / extra["mlp_log_lag_batches"] if config == "cxl" else 1.0
+    images = 1.0 / extra["mlp_log_lag_batches"] if extra.get("mlp_log_lag_batches") else 1.0
     energy = _energy(config, batch, tl, w, link_bytes, images, params)
     return BatchResult(config, batch, {k: v for k, v in bd.items()}, tl.items, sum(energy.values()), energy, extra)
 
