@@ -177,3 +177,17 @@ def test_reduced_eval_on_the_rtl(tmp_path):
     assert main(_args(recompose=str(out), json=str(again))) == 0
     redo = json.loads(again.read_text())
     assert [r["batch_time_ms"] for r in redo["results"]] == [r["batch_time_ms"] for r in res["results"]]
+
+
+def test_batch_workload_counts():
+    """Two tables (dims 16 and 32), B = 2: occurrences, lines, distinct rows and output bytes by hand."""
+    from types import SimpleNamespace
+
+    from sim.tb.eval_tb import batch_workload
+    manifest = {"batch_size": 2, "tables": [{"dim": 16}, {"dim": 32}]}
+    # table 0: bags [1, 1], [2]; table 1: bags [5], [5, 6]
+    batch = SimpleNamespace(offsets=np.array([0, 2, 3, 4, 6], dtype=np.uint32),
+                            indices=np.array([1, 1, 2, 5, 5, 6], dtype=np.uint32))
+    w = batch_workload(manifest, batch)
+    assert w == {"lookups": 6, "lookup_lines": 3 * 1 + 3 * 2, "unique_rows": 4, "unique_lines": 2 * 1 + 2 * 2,
+                 "output_bytes": 2 * (16 + 32) * 4}
