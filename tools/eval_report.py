@@ -235,13 +235,13 @@ def _summary(result: dict) -> list[dict]:
     models = _models(result)
     paper = (result.get("meta") or {}).get("paper") or {}
 
-    def pair_ratio(num_cfg: str, den_cfg: str, energy: bool = False):
+    def pair_ratio(num_cfg: str, den_cfg: str, energy: bool = False, key: str = "batch_time_ms"):
         vals, used, excluded = [], [], []
         for m in models:
             a, b = idx.get((m, num_cfg)), idx.get((m, den_cfg))
             missing = [c for c, r in ((num_cfg, a), (den_cfg, b)) if r is None]
             failed = [c for c, r in ((num_cfg, a), (den_cfg, b)) if r is not None and not _ok(r)]
-            key = "energy_mj" if energy else "batch_time_ms"
+            key = "energy_mj" if energy else key
             if missing or failed:
                 why = ", ".join([f"{c} missing" for c in missing] + [f"{c} not verified" for c in failed])
                 excluded.append(f"{m} ({why})")
@@ -273,6 +273,14 @@ def _summary(result: dict) -> list[dict]:
     rows.append({"name": "Energy saving of CXL vs PMEM (mean of 1 - E_CXL/E_PMEM)",
                  "value": _fmt_pct(math.fsum(1 - x for x in v) / len(v)) if v else "n/a",
                  "used": used, "excluded": exc, "paper": _fmt_pct(paper.get("energy_saving_vs_pmem"))})
+    # The same ratios without any MLP log (``batch_time_ms_without_mlp_log``, when the run has it).
+    nolog = "batch_time_ms_without_mlp_log"
+    for num, den, name in (("pmem", "cxl", "CXL speedup over PMEM"), ("pcie", "cxl-d", "CXL-D over PCIe"),
+                           ("cxl-b", "cxl", "CXL over CXL-B")):
+        v, used, exc = pair_ratio(num, den, key=nolog)
+        if v:
+            rows.append({"name": f"{name}, without the MLP log (geomean of {nolog})", "value": _fmt_x(geomean(v)),
+                         "used": used, "excluded": exc, "paper": "n/a"})
     return rows
 
 
