@@ -47,7 +47,8 @@ run: the blocks it leaves unrun are recorded with ``ok`` false and an ``error``.
 Per-block JSON: ``mode`` ("blocks"), ``target``, ``top``, ``device_config``, ``yosys_version``,
 ``block_timeout``, ``blocks`` {NAME: {``lut``, ``ff``, ``ramb36``, ``ramb18``, ``bram36_equiv``,
 ``dsp``, ``lutram``, ``srl``, ``carry4``, ``cells_total``, ``cells``, ``ok``, ``timed_out``,
-``error``, ``seconds``, ``memory_mapping``, ``pass_seconds``}} (the counts are null for a block
+``error``, ``seconds``, ``memory_mapping`` (memory, relative to the block -> memory_libmap's
+decision), ``pass_seconds``}} (the counts are null for a block
 that did not complete), ``sum_of_completed_blocks`` (the counts summed over the ``ok`` blocks,
 plus ``blocks``: how many), ``incomplete_blocks`` (names, in run order), ``memory_mapping``
 (``NAME.memory`` -> decision, all blocks), ``warnings``, ``yosys_processes``, ``peak_rss_mb``,
@@ -341,11 +342,12 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
                     cur = None
             elif m := PASS_LINE.match(text):
                 passes[step] = passes.get(step, 0.0) + now - step_t
-                step, step_t, beat = f"{m.group(3)}", now, now
+                step, step_t, beat = f"{m.group(1)}. {m.group(3)}", now, now
             elif text.startswith("Warning:"):
                 warnings.append(f"{cur or '(read)'}: {text}")
             elif cur and (mm := MEMORY_LINE.match(text)) and "$auto$proc_rom" not in text:
-                results[cur]["memory_mapping"][(mm.group(1) or mm.group(3)).lstrip("\\")] = mm.group(2) or "FF"
+                name = (mm.group(1) or mm.group(3)).lstrip("\\").removeprefix(f"{DEFAULT_TOP}.{cur}.")
+                results[cur]["memory_mapping"][name] = mm.group(2) or "FF"
             elif now - beat > HEARTBEAT_SECONDS:
                 beat = now
                 where = f"{cur} ({now - began:.0f} s)" if cur else "reading the Verilog"
@@ -415,7 +417,8 @@ def merge_blocks(results: dict) -> dict:
     total = {k: sum(r[k] for r in done) for k in COUNT_KEYS}
     total["blocks"] = len(done)
     incomplete = [b for b, r in results.items() if not r["ok"]]
-    mapping = {f"{b}.{mem}": how for b, r in results.items() for mem, how in r["memory_mapping"].items()}
+    mapping = {f"{b}.{mem.removeprefix(f'{DEFAULT_TOP}.{b}.')}": how
+               for b, r in results.items() for mem, how in r["memory_mapping"].items()}
     error = None
     if incomplete:
         error = f"{len(incomplete)} of {len(results)} blocks did not complete: " + \
