@@ -358,3 +358,12 @@ class CheckpointedRun:
         side = self.cache
         side.monitor.finish(side.host.link.cycle)
         return self.cache_problems + side.check()
+
+    async def finish_checked(self) -> dict:
+        """End of a run: the CXL.mem monitor and scoreboard and the CXL.cache side (monitor,
+        home agent) must be clean; returns ``env.finish()``'s summary."""
+        summary = await self.env.finish()
+        self.env.assert_clean()
+        problems = self.finish_cache_side()
+        assert not problems, f"seed {self.env.seed}: CXL.cache problems:\n" + "\n".join(problems)
+        return summary

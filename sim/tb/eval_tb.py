@@ -30,7 +30,7 @@ from sim.model.checkpoint import batch_rows
 from sim.model.dlrm import get_preset
 from sim.model.trace import TraceKnobs, generate_trace
 from sim.system import SystemRun
-from sim.tb.ndp_run_tb import write_result
+from sim.tb.ndp_run_tb import recorded
 
 
 def batch_workload(manifest: dict, batch) -> dict:
@@ -64,7 +64,7 @@ async def training_eval(dut):
               "rows_cap": knobs.rows_cap, "batches": batches, "verified": False, "clock_mhz": env.config.clock_mhz,
               "workload": [batch_workload(m, b) for b in trace.batches]}
     t0 = time.perf_counter()
-    try:
+    with recorded(result):
         image = mlp_image_lines(model)
         run = SystemRun(env, trace, total_batches=batches, order=order, mlp_lines=min(probe, image))
         result.update(image_lines=image, mlp_probe_lines=run.mlp_lines)
@@ -77,14 +77,5 @@ async def training_eval(dut):
         result["commands"] = run.command_cycles
         result["losses"] = run.trainer.losses
         run.verify_all_tables("after training")
-        await env.finish()
-        env.assert_clean()
-        problems = run.finish_cache_side()
-        assert not problems, "\n".join(problems)
+        await run.finish_checked()
         result["verified"] = True
-    except BaseException as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"[:4000]
-        raise
-    finally:
-        result["wall_seconds"] = round(time.perf_counter() - t0, 1)
-        write_result(result)

@@ -29,6 +29,7 @@ seed of the tables and gradients; the trace has its own), TCXL_RING_SLOTS (optio
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -275,6 +276,21 @@ def write_result(result: dict) -> None:
     if path:
         with open(path, "w") as fh:
             json.dump(result, fh, indent=2, sort_keys=True)
+
+
+@contextlib.contextmanager
+def recorded(result: dict):
+    """Around a test's body: an exception is stored in ``result["error"]`` (and re-raised),
+    and ``wall_seconds`` is set and the result written however the body ends."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    except BaseException as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        raise
+    finally:
+        result["wall_seconds"] = round(time.perf_counter() - t0, 1)
+        write_result(result)
 
 
 @cocotb.test()

@@ -29,7 +29,6 @@ TCXL_OVH_MLP_PROBE, TCXL_SEED; writes TCXL_RESULT_JSON.
 from __future__ import annotations
 
 import os
-import time
 
 import cocotb
 
@@ -37,7 +36,7 @@ from sim.env import DeviceEnv
 from sim.model.dlrm import get_preset
 from sim.model.trace import TraceKnobs, generate_trace
 from sim.tb.ckpt_run import CheckpointedRun
-from sim.tb.ndp_run_tb import write_result
+from sim.tb.ndp_run_tb import recorded
 
 
 def compose(plain: list[dict], ckpt: list[dict], mlp_scale: float) -> dict:
@@ -74,8 +73,7 @@ async def checkpoint_overhead(dut):
                        else None)
     trace = generate_trace(get_preset(model), batches + 1, env.seed, knobs)
     result = {"model": model, "seed": env.seed, "batch_size": trace.manifest["batch_size"], "verified": False}
-    t0 = time.perf_counter()
-    try:
+    with recorded(result):
         run = CheckpointedRun(env, trace, total_batches=batches + 1, schedule="none", gpu_wait=False,
                               mlp_lines=min(probe, get_gpu_lines(model)))
         result.update({"mlp_image_lines": run.gpu.lines, "mlp_probe_lines": run.mlp_lines,
@@ -92,17 +90,8 @@ async def checkpoint_overhead(dut):
         run.verify_all_tables("with checkpointing")
         dut._log.info(f"{model}: {batches} batches with checkpointing: {ckpt}")
         result.update(compose(plain[1:], ckpt[1:], run.gpu.lines / run.mlp_lines))
-        await env.finish()
-        env.assert_clean()
-        problems = run.finish_cache_side()
-        assert not problems, "\n".join(problems)
+        await run.finish_checked()
         result["verified"] = True
-    except BaseException as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"[:4000]
-        raise
-    finally:
-        result["wall_seconds"] = round(time.perf_counter() - t0, 1)
-        write_result(result)
 
 
 def get_gpu_lines(model: str) -> int:
