@@ -174,7 +174,7 @@ class SystemRun(CheckpointedRun):
         self.training.attach(self.golden, self.gpu)
         self.trainer = GpuTrainer(self.training)
         self.command_cycles: list[dict] = []        # per batch: device cycles per command
-        self._prefetched: list[np.ndarray] | None = None
+        self._prefetched: tuple[list[np.ndarray], int] | None = None   # relaxed: (outputs, cycles) of k+1
 
     async def _lookup(self, k: int, applied: int, cyc: dict, key: str) -> list[np.ndarray]:
         """LOOKUP of batch k on the device tables after ``applied`` batches; checked; returns outputs."""
