@@ -180,7 +180,8 @@ class SystemRun(CheckpointedRun):
         """LOOKUP of batch k on the device tables after ``applied`` batches; checked; returns outputs."""
         b = self.batches[k]
         self.driver.load_batch(b.offsets, b.indices, b.weights if self.has_weights else None)
-        s = await self._submit(lookup_command(self.layout, has_weights=self.has_weights, tag=self._next_tag()),
+        s = await self._submit(lookup_command(self.layout, index_count=b.indices.size, has_weights=self.has_weights,
+                                              tag=self._next_tag()),
                                k, None)
         await self._collect(s)
         cyc[key] = self.cycles["lookup"]
@@ -200,7 +201,8 @@ class SystemRun(CheckpointedRun):
             pooled, cyc["lookup_relaxed"] = self._prefetched
         b = self.batches[k]
         self.driver.load_batch(b.offsets, b.indices, b.weights if self.has_weights else None)
-        await self._command(log_command(self.layout, k, has_weights=self.has_weights, tag=self._next_tag()),
+        await self._command(log_command(self.layout, k, index_count=b.indices.size, has_weights=self.has_weights,
+                                        tag=self._next_tag()),
                             k, cyc, "log")
         slot = self.mlp_next_slot
         for cmd in mlp_log_commands(k, self.mlp_lines, slot, tag=self._next_tag()):
@@ -214,8 +216,9 @@ class SystemRun(CheckpointedRun):
             self.driver.load_batch(b.offsets, b.indices, b.weights if self.has_weights else None)
         grads = self.trainer.train_step(k, pooled)
         self.driver.load_gradients(grads)
-        await self._command(update_command(self.layout, lr=self.lr, has_weights=self.has_weights,
-                                           tag=self._next_tag(), checkpoint_batch=k), k, cyc, "update")
+        await self._command(update_command(self.layout, index_count=b.indices.size, lr=self.lr,
+                                           has_weights=self.has_weights, tag=self._next_tag(), checkpoint_batch=k),
+                            k, cyc, "update")
         self.acked_batches = self.next_batch = k + 1
         self.gpu.advance(k + 1)
         cyc["batch"] = k

@@ -290,6 +290,32 @@ def test_against_torch_forward_backward_sgd(seed, mode, record_property):
 
 
 @needs_torch
+@pytest.mark.parametrize("mode", ["sum", "mean", "weighted_sum"])
+def test_against_torch_empty_bags_next_to_nonfinite_weights(mode):
+    """An empty bag's offsets[b] is the next bag's first position: a +-Inf / NaN weight there
+    belongs to the next bag only. PyTorch pools the empty bag to +0.0 and the golden model
+    must too, forward and through one SGD step (the RTL is held to the golden model)."""
+    table = (np.arange(8 * 16, dtype=np.float32).reshape(8, 16) - 40.0) / 8
+    lengths = [0, 2, 0, 0, 1, 0, 3]                 # empty bags before every non-empty one
+    offsets = offsets_of(lengths)
+    indices = np.array([1, 2, 5, 7, 7, 0], dtype=np.int64)
+    weights = np.array([np.inf, 0.5, np.nan, -np.inf, 2.0, 1.0], dtype=np.float32)   # at offsets[0,2,3,5]
+    gout = np.linspace(-1, 1, len(lengths) * 16, dtype=np.float32).reshape(len(lengths), 16)
+    bag = torch_bag(table, mode)
+    opt = torch.optim.SGD(bag.parameters(), lr=LR)
+    out = bag(torch.from_numpy(indices), torch.from_numpy(offsets[:-1].astype(np.int64)),
+              per_sample_weights=torch.from_numpy(weights) if mode == "weighted_sum" else None)
+    got = pool(table, offsets, indices, mode, weights)
+    assert_bits_equal(got, out.detach().numpy(), mode)
+    for b in np.flatnonzero(np.diff(offsets) == 0):
+        assert_bits_equal(got[b], np.zeros(16, np.float32), f"{mode} empty bag {b}")
+    out.backward(torch.from_numpy(gout))
+    opt.step()
+    sgd_apply(table, indices, contributions(gout, offsets, mode, weights), LR)
+    assert_bits_equal(table, bag.weight.detach().numpy(), f"{mode} update")
+
+
+@needs_torch
 def test_against_torch_tbe_helpers():
     """tbe_forward / tbe_sgd_step (the TBE-layout entry points) agree with torch per table."""
     trace = generate_trace("rm-tiny", 2, 7, TraceKnobs(batch_size=16, empty_prob=0.2))

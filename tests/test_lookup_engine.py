@@ -38,6 +38,30 @@ def _case(rng: np.random.Generator, bad: str | None = None):
     indices = np.concatenate([rng.integers(0, specs[i // B][0], size=n) for i, n in enumerate(lengths)]
                              ).astype(np.uint32)
     weights = rng.standard_normal(indices.size).astype(np.float32)
+    index_count = indices.size
+    if bad == "nonfinite":
+        # Every empty bag's offsets[b] points at the next bag's first weight (or past the end):
+        # make those weights non-finite; the empty bag must still pool to +0.0.
+        lengths[rng.random(lengths.size) < 0.4] = 0
+        lengths[-1] = max(int(lengths[-1]), 1)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint32)
+        indices = np.concatenate([rng.integers(0, specs[i // B][0], size=n) for i, n in enumerate(lengths)]
+                                 ).astype(np.uint32)
+        weights = rng.standard_normal(indices.size).astype(np.float32)
+        index_count = indices.size
+        special = np.array([np.inf, -np.inf, np.nan], np.float32)
+        for b in np.flatnonzero(lengths == 0):
+            if offsets[b] < indices.size:
+                weights[offsets[b]] = special[b % 3]
+        # and garbage after the last index (never read)
+        indices = np.concatenate([indices, np.full(20, 0xFFFF_FFFF, np.uint32)])
+        weights = np.concatenate([weights, np.full(20, np.nan, np.float32)])
+    if bad == "first":
+        offsets = offsets + np.uint32(1)
+        indices = np.concatenate([[0], indices]).astype(np.uint32)
+        weights = np.concatenate([[1.0], weights]).astype(np.float32)
+    if bad == "count":
+        index_count += 1
     if bad == "index":
         indices[indices.size // 2] = specs[(np.searchsorted(offsets, indices.size // 2, "right") - 1) // B][0]
     if bad == "offsets":
@@ -62,10 +86,11 @@ def _case(rng: np.random.Generator, bad: str | None = None):
     cmd = CMD.pack(**{"opcode": 1, "flags": 2, "tag": 7, "num_tables": len(specs), "batch_size": B,
                     "tables_addr": layout["tables"], "offsets_addr": layout["offsets"],
                     "indices_addr": layout["indices"], "weights_addr": layout["weights"],
-                    "out_addr": layout["out"], "row_pitch_lines": pitch, "lr": 0})
+                    "out_addr": layout["out"], "row_pitch_lines": pitch, "lr": 0, "index_count": index_count})
     golden = None
-    if bad is None:
-        golden = tbe_forward(tables, offsets, indices, [m for _, _, m in specs], B, weights)
+    if bad in (None, "nonfinite"):
+        golden = tbe_forward(tables, offsets, indices[:index_count], [m for _, _, m in specs], B,
+                             weights[:index_count])
     return mem, cmd, [TBL.unpack(mem[layout["tables"] + t]) for t in range(len(specs))], golden, layout, specs
 
 
@@ -150,11 +175,15 @@ def _as_bits(a):
     return bits
 
 
+@pytest.mark.parametrize("case", [None, "nonfinite"])
 @pytest.mark.parametrize("to_host", [False, True])
-def test_lookup_matches_golden(to_host):
+def test_lookup_matches_golden(to_host, case):
+    """Bit-exact with tbe_forward. ``nonfinite``: empty bags (SUM, MEAN, WEIGHTED_SUM tables)
+    whose offsets[b] points at a +-Inf / NaN weight of the next bag, and garbage after the
+    last index: every empty bag must still be +0.0 (PyTorch's result)."""
     seed = int(os.environ.get("TCXL_SEED", "0")) or random.randrange(1 << 30)
     print(f"seed {seed} (replay with TCXL_SEED={seed})")
-    result, out, golden, layout, specs = _run(seed, to_host=to_host)
+    result, out, golden, layout, specs = _run(seed, bad=case, to_host=to_host)
     print(result)
     assert result["error"] == NdpError.OK, result
     pitch = sum(dim // 16 for _, dim, _ in specs)
@@ -169,7 +198,10 @@ def test_lookup_matches_golden(to_host):
         col += dl
 
 
-@pytest.mark.parametrize("bad,code", [("index", NdpError.INDEX_RANGE), ("offsets", NdpError.OFFSETS)])
-def test_lookup_bad_input(bad, code):
+@pytest.mark.parametrize("bad,code,info", [("index", NdpError.INDEX_RANGE, None), ("offsets", NdpError.OFFSETS, None),
+                                           ("first", NdpError.OFFSETS, 0), ("count", NdpError.OFFSETS, 9)])
+def test_lookup_bad_input(bad, code, info):
     result, *_ = _run(3, bad=bad)
     assert result["error"] == code, result
+    if info is not None:
+        assert result["info"] == info, result

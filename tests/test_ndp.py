@@ -57,9 +57,9 @@ def test_layout_without_device_outputs_or_weights():
     lay = plan_layout(TINY[:2], batch_size=4, max_indices=0, capacity_lines=1 << 12, outputs_in_device=False)
     assert lay.outputs is None and lay.weights is None and lay.indices.lines == 1
     with pytest.raises(ValueError, match="out_line is required"):
-        lookup_command(lay, has_weights=False)
+        lookup_command(lay, index_count=0, has_weights=False)
     with pytest.raises(ValueError, match="no weights array"):
-        update_command(lay, lr=0.1, has_weights=True)
+        update_command(lay, index_count=0, lr=0.1, has_weights=True)
     lay = plan_layout(TINY[:2], batch_size=4, max_indices=10, capacity_lines=1 << 12, has_weights=True)
     assert lay.weights is not None
 
@@ -127,8 +127,9 @@ def test_table_descriptors_pack_the_layout():
 
 def test_commands_pack_every_field():
     lay = plan_layout(TINY, batch_size=4, max_indices=64, capacity_lines=1 << 14)
-    up = update_command(lay, lr=0.05, has_weights=True, tag=0x1234)
+    up = update_command(lay, index_count=61, lr=0.05, has_weights=True, tag=0x1234)
     f = COMMAND.unpack(up.pack())
+    assert f["index_count"] == 61
     assert f["opcode"] == NdpOpcode.UPDATE.value and f["tag"] == 0x1234
     assert f["num_tables"] == 4 and f["batch_size"] == 4 and f["row_pitch_lines"] == 6
     assert (f["tables_addr"], f["offsets_addr"], f["indices_addr"], f["weights_addr"], f["grad_addr"]) == \
@@ -136,7 +137,7 @@ def test_commands_pack_every_field():
     assert f["lr"] == f32_bits(0.05) == int(np.float32(0.05).view(np.uint32))
     assert FLAGS.unpack(f["flags"]) == {"out_to_host": 0, "has_weights": 1, "checkpoint": 0, "mlp_slot": 0,
                                         "reserved": 0}
-    lk = lookup_command(lay, has_weights=False, out_line=1 << 30, out_to_host=True, tag=7)
+    lk = lookup_command(lay, index_count=64, has_weights=False, out_line=1 << 30, out_to_host=True, tag=7)
     f = COMMAND.unpack(lk.pack())
     assert f["opcode"] == NdpOpcode.LOOKUP.value and f["out_addr"] == 1 << 30 and f["weights_addr"] == 0
     assert FLAGS.unpack(f["flags"])["out_to_host"] == 1 and FLAGS.unpack(f["flags"])["has_weights"] == 0
@@ -146,20 +147,29 @@ def test_commands_pack_every_field():
         NdpCommand(NdpOpcode.LOOKUP, 1, 1, 1 << 32, 0, 0, 1).pack()
 
 
+def test_index_count_must_fit_the_layout():
+    lay = plan_layout(TINY, batch_size=4, max_indices=64, capacity_lines=1 << 14)
+    assert lookup_command(lay, index_count=64, has_weights=False).index_count == 64
+    for bad in (-1, 65):
+        with pytest.raises(ValueError, match="index_count"):
+            lookup_command(lay, index_count=bad, has_weights=False)
+
+
 def test_checkpoint_commands_pack_through_the_codec():
     lay = plan_layout(TINY, batch_size=4, max_indices=64, capacity_lines=1 << 14, emb_log=True)
-    log = log_command(lay, 0xFFFF_0005, has_weights=True, tag=0x77)
+    log = log_command(lay, 0xFFFF_0005, index_count=5, has_weights=True, tag=0x77)
     f = COMMAND.unpack(log.pack())
+    assert f["index_count"] == 5
     assert f["opcode"] == NdpOpcode.LOG.value and f["batch"] == 0xFFFF_0005 and f["tag"] == 0x77
     assert (f["num_tables"], f["batch_size"], f["tables_addr"], f["offsets_addr"], f["indices_addr"],
             f["weights_addr"]) == (4, 4, lay.table_descs.base, lay.offsets.base, lay.indices.base, lay.weights.base)
     assert FLAGS.unpack(f["flags"])["checkpoint"] == 0
-    up = update_command(lay, lr=0.5, has_weights=False, checkpoint_batch=9, tag=3)
+    up = update_command(lay, index_count=7, lr=0.5, has_weights=False, checkpoint_batch=9, tag=3)
     f = COMMAND.unpack(up.pack())
     assert f["opcode"] == NdpOpcode.UPDATE.value and f["batch"] == 9 and f["grad_addr"] == lay.grads.base
     assert FLAGS.unpack(f["flags"]) == {"out_to_host": 0, "has_weights": 0, "checkpoint": 1, "mlp_slot": 0,
                                         "reserved": 0}
-    plain = COMMAND.unpack(update_command(lay, lr=0.5, has_weights=False).pack())
+    plain = COMMAND.unpack(update_command(lay, index_count=0, lr=0.5, has_weights=False).pack())
     assert plain["batch"] == 0 and FLAGS.unpack(plain["flags"])["checkpoint"] == 0
     mlp = mlp_log_command(12, 100, 25, 1, tag=0xABCD)
     f = COMMAND.unpack(mlp.pack())
@@ -168,7 +178,7 @@ def test_checkpoint_commands_pack_through_the_codec():
     assert FLAGS.unpack(f["flags"])["mlp_slot"] == 1 and f["num_tables"] == 0 and f["tables_addr"] == 0
     rec = COMMAND.unpack(recover_command(tag=5).pack())
     assert rec["opcode"] == NdpOpcode.RECOVER.value and rec["tag"] == 5 and rec["flags"] == 0
-    for cmd in (log, up, mlp, recover_command(tag=5), lookup_command(lay, has_weights=False, tag=1)):
+    for cmd in (log, up, mlp, recover_command(tag=5), lookup_command(lay, index_count=3, has_weights=False, tag=1)):
         assert NdpCommand.unpack(cmd.pack()) == cmd
         assert NdpCommand.unpack(cmd.pack()).pack() == cmd.pack()
     assert NdpCommand.unpack(log.replace(opcode=0xEE).pack()).opcode == 0xEE
@@ -353,7 +363,8 @@ def test_run_result_table():
 # --------------------------------------------------------------------------------------------
 @pytest.mark.sim
 @pytest.mark.parametrize("testcase", ["random_lookup_update_device_out", "random_lookup_update_host_out",
-                                      "bad_inputs_are_rejected", "update_scratchpad_overflow"])
+                                      "bad_inputs_are_rejected", "update_scratchpad_overflow",
+                                      "empty_bags_next_to_nonfinite_weights", "garbage_outside_bags_changes_nothing"])
 def test_ndp_rtl(harness, testcase):
     run_cocotb(harness, MODULE, testcase)
 

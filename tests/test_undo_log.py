@@ -63,7 +63,7 @@ HDR_CRC = HDR._offsets["crc"][0]
 class Batch:
     """One LOG command's arrays in memory, and what the log must hold afterwards."""
 
-    def __init__(self, rng, mem, specs, B, max_len, batch, row_span=None, bad=None, shift=0, empty_table=None):
+    def __init__(self, rng, mem, specs, B, max_len, batch, row_span=None, bad=None, junk=0, empty_table=None):
         self.specs = specs                  # (rows, dim)
         self.B = B
         self.batch = batch
@@ -71,14 +71,17 @@ class Batch:
         lengths = rng.integers(0, max_len + 1, size=T * B)
         if empty_table is not None:
             lengths[empty_table * B:(empty_table + 1) * B] = 0
-        # ``shift`` junk elements (out of every table's range) before offsets[0]: never read or checked.
-        self.offsets = (shift + np.concatenate([[0], np.cumsum(lengths)])).astype(np.uint32)
-        parts = [np.full(shift, 0xFFFF_FFFF)]
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint32)
+        parts = []
         for i, n in enumerate(lengths):
             rows = specs[i // B][0]
             span = min(rows, row_span) if row_span else rows
             parts.append(rng.integers(0, span, size=n))
-        self.indices = np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, np.uint32)
+        # ``junk`` elements (out of every table's range) after the last index, beyond index_count:
+        # never read or checked.
+        parts.append(np.full(junk, 0xFFFF_FFFF))
+        self.index_count = int(self.offsets[-1])
+        self.indices = np.concatenate(parts).astype(np.uint32)
         self.bad_pos = None
         if bad == "index":
             pos = int(self.indices.size * 2 // 3)
@@ -93,6 +96,12 @@ class Batch:
             i = T * B // 2 + 1
             self.offsets[i:] += 70000
             self.bad_pos = i
+        if bad == "first":                  # offsets[0] != 0 (PyTorch requires 0)
+            self.offsets += 1
+            self.bad_pos = 0
+        if bad in ("count+1", "count-1"):   # offsets[T*B] != the descriptor's index count
+            self.index_count += 1 if bad == "count+1" else -1
+            self.bad_pos = T * B
         self.bases = []
         line = LAYOUT["rows"]
         for rows, dim in specs:
@@ -104,14 +113,25 @@ class Batch:
                 mem[LAYOUT[name] + i] = v
         self.descs = [{"base_addr": self.bases[t], "rows": rows, "dim": dim, "mode": 0, "col_lines": 0}
                       for t, (rows, dim) in enumerate(specs)]
-        self.cmd = CMD.pack(opcode=NdpOpcode.LOG, tag=5, num_tables=T, batch_size=B,
-                            tables_addr=LAYOUT["tables"], offsets_addr=LAYOUT["offsets"],
-                            indices_addr=LAYOUT["indices"], batch=batch)
+
+    @property
+    def cmd(self) -> int:
+        return CMD.pack(opcode=NdpOpcode.LOG, tag=5, num_tables=len(self.specs), batch_size=self.B,
+                        tables_addr=LAYOUT["tables"], offsets_addr=LAYOUT["offsets"],
+                        indices_addr=LAYOUT["indices"], batch=self.batch, index_count=self.index_count)
+
+    def replace_arrays(self, mem, offsets, indices) -> None:
+        """New arrays (offsets[-1] = len(indices)) written over the old ones."""
+        self.offsets, self.indices = np.asarray(offsets, np.uint32), np.asarray(indices, np.uint32)
+        self.index_count = int(self.indices.size)
+        for name, arr in (("offsets", self.offsets), ("indices", self.indices)):
+            for i, v in enumerate(_lines_of_u32(arr)):
+                mem[LAYOUT[name] + i] = v
 
     def keys(self) -> list[tuple[int, int]]:
         """Distinct (table, row) in first-occurrence order."""
         seen = {}
-        for pos in range(int(self.offsets[0]), int(self.offsets[-1])):
+        for pos in range(int(self.offsets[-1])):
             t = int(np.searchsorted(self.offsets, pos, "right") - 1) // self.B
             seen.setdefault((t, int(self.indices[pos])), None)
         return list(seen)
@@ -271,7 +291,7 @@ def test_log_random():
     dut = UndoLogEngine(addr_bits=ADDR_BITS, capacity_lines=CAP)
     for job in range(2):
         old = dict(mem)
-        b = Batch(rng, mem, SPECS, B=4, max_len=6, batch=int(rng.integers(0, 1 << 32)), shift=37 * job,
+        b = Batch(rng, mem, SPECS, B=4, max_len=6, batch=int(rng.integers(0, 1 << 32)), junk=37 * job,
                   empty_table=1 if job else None)
         res, = run(dut, mem, [(b, REGION)], seed=seed + job)
         print(res["cycles"], res["stats"])
@@ -347,6 +367,11 @@ def test_errors_then_recovery():
     res, _ = one(b, REGION)
     check_failed(mem, b, REGION, res, NdpError.OFFSETS, b.bad_pos)
 
+    for k, bad in enumerate(("first", "count+1", "count-1")):
+        b = Batch(rng, mem, SPECS, B=4, max_len=5, batch=10 + 2 * k, bad=bad)
+        res, _ = one(b, REGION)
+        check_failed(mem, b, REGION, res, NdpError.OFFSETS, b.bad_pos)
+
     small = dict(REGION, slot_lines=20)
     b = Batch(rng, mem, SPECS, B=4, max_len=5, batch=4)
     keys = b.keys()
@@ -412,11 +437,7 @@ def test_copy_throughput(dim):
     dut = UndoLogEngine(addr_bits=ADDR_BITS, capacity_lines=CAP)
     b = Batch(rng, mem, specs, B=1, max_len=0, batch=1)
     n = 3000 // (1 + dim // 16) // 2 if dim > 16 else 300
-    b.indices = rng.permutation(400)[:n].astype(np.uint32)
-    b.offsets = np.array([0, n], np.uint32)
-    for name, arr in (("offsets", b.offsets), ("indices", b.indices)):
-        for i, v in enumerate(_lines_of_u32(arr)):
-            mem[LAYOUT[name] + i] = v
+    b.replace_arrays(mem, [0, n], rng.permutation(400)[:n])
     old = dict(mem)
     res, = run(dut, mem, [(b, REGION)], latency=(60, 60), ready_p=1.0)
     check_logged(mem, old, b, REGION, res)
@@ -438,11 +459,7 @@ def test_dedup_rate():
     dut = UndoLogEngine(addr_bits=ADDR_BITS, capacity_lines=CAP)
     b = Batch(rng, mem, specs, B=1, max_len=0, batch=1)
     n = 3000
-    b.indices = rng.integers(0, 50, size=n).astype(np.uint32)
-    b.offsets = np.array([0, n], np.uint32)
-    for name, arr in (("offsets", b.offsets), ("indices", b.indices)):
-        for i, v in enumerate(_lines_of_u32(arr)):
-            mem[LAYOUT[name] + i] = v
+    b.replace_arrays(mem, [0, n], rng.integers(0, 50, size=n))
     old = dict(mem)
     # The first command after reset also clears the set (one set per cycle); time the second.
     first, res = run(dut, mem, [(b, REGION), (b, REGION)], latency=(60, 60), ready_p=1.0)
@@ -460,7 +477,7 @@ def test_stress_ring_wraps_full():
     rng, mem = _fresh(seed)
     dut = UndoLogEngine(addr_bits=ADDR_BITS, capacity_lines=CAP, set_entries=32)
     for job in range(2):
-        b = Batch(rng, mem, SPECS, B=8, max_len=10, batch=seed + 2 * job, shift=job * 5)
+        b = Batch(rng, mem, SPECS, B=8, max_len=10, batch=seed + 2 * job, junk=job * 5)
         old = dict(mem)
         res, = run(dut, mem, [(b, REGION)], seed=seed + job, latency=(5, 400), ready_p=0.5, max_cycles=40_000)
         print(len(b.keys()), res["cycles"], res["stats"])

@@ -327,6 +327,7 @@ class Workload:
                 mem[at:at + g.shape[1]] = g[b]
         has_w = any(m == "weighted_sum" for m in self.modes)
         return dict(opcode=2, flags=int(has_w) << 1, tag=0x55, num_tables=len(self.tables), batch_size=B,
+                    index_count=int(args.get("index_count", len(args["indices"]))),
                     tables_addr=0, offsets_addr=offsets_addr, indices_addr=indices_addr,
                     weights_addr=weights_addr, grad_addr=grad_addr, out_addr=0,
                     row_pitch_lines=self.pitch, lr=int(np.float32(args["lr"]).view(np.uint32)))
@@ -386,11 +387,22 @@ async def setup(dut, model="random", seed_offset=0):
 
 
 def shift_offsets(args: dict, junk: list[int]) -> dict:
-    """The same batch with ``junk`` indices placed before offsets[0] (never read, never checked)."""
+    """The same batch with ``junk`` indices placed before offsets[0]: the engine must refuse
+    it (OFFSETS, offsets[0] != 0), as PyTorch does."""
     out = dict(args)
     out["offsets"] = args["offsets"] + np.uint32(len(junk))
     out["indices"] = np.concatenate([np.asarray(junk, dtype=np.uint32), args["indices"]])
     out["weights"] = np.concatenate([np.full(len(junk), np.nan, np.float32), args["weights"]])
+    return out
+
+
+def junk_after(args: dict, junk: list[int]) -> dict:
+    """The same batch with ``junk`` indices (and NaN weights) after its last index, outside
+    index_count: never read, never checked."""
+    out = dict(args)
+    out["index_count"] = len(args["indices"])
+    out["indices"] = np.concatenate([args["indices"], np.asarray(junk, dtype=np.uint32)])
+    out["weights"] = np.concatenate([args["weights"], np.full(len(junk), np.nan, np.float32)])
     return out
 
 
@@ -409,7 +421,7 @@ async def run_and_check(bench: Bench, wl: Workload, args: dict, what: str, *, ex
     wl.golden(args)
     wl.check_tables(what)
     st = res["stats"]
-    total = int(args["offsets"][-1] - args["offsets"][0])
+    total = int(args["offsets"][-1])
     assert st["lookups"] == total, (what, st)
     assert st["lines_read"] == bench.lines_read and st["lines_written"] == bench.lines_written, (what, st)
     assert st["lines_pushed"] == 0
@@ -459,10 +471,10 @@ async def test_mixed_modes(dut):
         args = wl.batch(int(rng.integers(3, 12)), uniform_bags(rng, 1, 6), rows_with_dups(rng, wl), specials=k == 3,
                         lr=float(rng.choice([0.05, 0.5, 1.0, 3e-3])))
         await run_and_check(bench, wl, args, f"mixed batch {k}", exact_traffic=SCRATCH >= 1024)
-    # offsets[0] = 5: the junk before it (out-of-range values) is neither read nor checked
+    # junk after the last index (out-of-range values, NaN weights) is neither read nor checked
     args = wl.batch(6, uniform_bags(rng, 1, 5), rows_with_dups(rng, wl))
-    await run_and_check(bench, wl, args, "offsets from 5", placed=shift_offsets(args, [0xFFFFFFFF, 7, 1 << 20, 0, 3]),
-                        exact_traffic=SCRATCH >= 1024)
+    await run_and_check(bench, wl, args, "junk after the indices",
+                        placed=junk_after(args, [0xFFFFFFFF, 7, 1 << 20, 0, 3] * 7), exact_traffic=SCRATCH >= 1024)
     # all bags empty: completes after validation, nothing written
     args = wl.batch(5, lambda t, b: 0, rows_with_dups(rng, wl))
     res = await run_and_check(bench, wl, args, "empty batch")
@@ -531,6 +543,14 @@ async def test_errors(dut):
     args = wl.batch(4, lambda t, b: 3, rows_with_dups(rng, wl))
     args["offsets"][5] = args["offsets"][4] - 1
     await expect_error(args, {}, wl.descs, NdpError.OFFSETS, 5, "decreasing offsets")
+    # offsets[0] = 5 (PyTorch requires 0): OFFSETS at position 0
+    args = wl.batch(4, lambda t, b: 2, rows_with_dups(rng, wl))
+    await expect_error(shift_offsets(args, [0, 1, 2, 3, 4]), {}, wl.descs, NdpError.OFFSETS, 0, "offsets from 5")
+    # offsets[T*B] differs from the descriptor's index count, either way: OFFSETS at position T*B
+    for delta in (-1, 1):
+        args = wl.batch(4, lambda t, b: 2, rows_with_dups(rng, wl))
+        await expect_error(args, {"index_count": len(args["indices"]) + delta}, wl.descs, NdpError.OFFSETS, 8,
+                           f"index count {delta:+d}")
     # a bag longer than 65535 (the divider's range), caught in the offsets
     args = wl.batch(4, lambda t, b: 1, rows_with_dups(rng, wl))
     args["offsets"][3:] += 70000

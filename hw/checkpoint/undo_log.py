@@ -27,7 +27,8 @@ Sequence (slot s = k & 1 at slot_base = log_base + s * slot_lines; layout in log
 3. Validation, with the UPDATE engine's codes and error_info (hw/ndp/update.py): the offsets array
    (T*B+1 u32) is streamed first: OFFSETS, error_info = position i of the first offset with
    offsets[i] < offsets[i-1] or offsets[i] - offsets[i-1] > 65535 (the UPDATE engine's bag limit, so a
-   batch LOG accepts is one UPDATE accepts). Then ADDRESS / AddressFault.INDICES when the line holding
+   batch LOG accepts is one UPDATE accepts), or 0 when offsets[0] != 0, or T*B when offsets[T*B] !=
+   cmd.index_count (in stream order). Then ADDRESS / AddressFault.INDICES when the line holding
    indices[offsets[T*B]-1] is outside device memory. Then the index occurrences
    indices[offsets[0] : offsets[T*B]] are streamed in input order (table t owns positions
    offsets[t*B] .. offsets[(t+1)*B]-1): INDEX_RANGE, error_info = position of an index >= its table's
@@ -476,6 +477,10 @@ class UndoLogEngine(wiring.Component):
                 with m.Elif(offs.elems.valid):
                     with m.If((i_off != 0) & ((v < prev) | (diff > MAX_BAG))):
                         fail(NdpError.OFFSETS, i_off)
+                    with m.Elif((i_off == 0) & (v != 0)):
+                        fail(NdpError.OFFSETS, 0)              # offsets run from 0 ...
+                    with m.Elif((i_off == n_bags) & (v != cmd.index_count)):
+                        fail(NdpError.OFFSETS, n_bags)         # ... to the index count
                     with m.Else():
                         m.d.comb += offs.elems.ready.eq(1)
                         m.d.sync += [prev.eq(v), i_off.eq(i_off + 1)]

@@ -14,10 +14,14 @@ engines may touch). ``out_addr`` is a host line address when ``flags.out_to_host
 
 Arrays (TBE layout, docs/dlrm-workloads.md), each starting at element 0 of its line:
 - offsets: u32[T*B+1] at ``offsets_addr``; bag (t, b) is indices[offsets[t*B+b] :
-  offsets[t*B+b+1]] (offsets are element positions in the indices array; non-decreasing).
-- indices: u32 at ``indices_addr``, rows local to their table.
-- weights: fp32 at ``weights_addr`` (one per index; used by WEIGHTED_SUM tables; requires
-  ``flags.has_weights``).
+  offsets[t*B+b+1]] (offsets are element positions in the indices array; non-decreasing,
+  offsets[0] = 0 and offsets[T*B] = ``index_count``, as PyTorch's EmbeddingBag requires).
+- indices: u32[index_count] at ``indices_addr``, rows local to their table.
+- weights: fp32[index_count] at ``weights_addr`` (one per index; used by WEIGHTED_SUM tables;
+  requires ``flags.has_weights``).
+Nothing outside these ranges is read: the rest of an array's last line, the lines after it,
+and the gradient vectors of empty bags may hold anything (NaN and Inf included) and change no
+result. A weight belongs to its index only: an empty bag reads none.
 - pooled outputs (LOOKUP) and pooled-output gradients (UPDATE): fp32 [B][sum of dims], the
   layout of FBGEMM's TBE output: the vector of (t, b) starts at line
   ``out_addr + b * row_pitch_lines + table.col_lines`` (``grad_addr`` likewise) and takes
@@ -66,7 +70,8 @@ class NdpError(enum.Enum, shape=8):
     BAD_DESCRIPTOR = 4           # rows = 0, reserved pooling mode, weights missing,
                                  # a table's vector outside row_pitch_lines
     ADDRESS = 5                  # an array or table outside device memory (AddressFault)
-    OFFSETS = 6                  # offsets decrease
+    OFFSETS = 6                  # offsets decrease, offsets[0] != 0 (error_info 0) or
+                                 # offsets[T*B] != index_count (error_info T*B)
     INDEX_RANGE = 7              # an index >= its table's rows
     MEDIA = 8                    # a media read returned an error or poison
     CACHE = 9                    # a CXL.cache access was answered with an error
@@ -116,6 +121,8 @@ class CommandDescriptor(data.Struct):
     batch: 32                    # LOG, UPDATE (flags.checkpoint), MLP_LOG: training batch number
     mlp_offset: 32               # MLP_LOG: first image line of this chunk
     mlp_count: 32                # MLP_LOG: lines in this chunk
+    index_count: 32              # LOOKUP, UPDATE, LOG: elements of indices (and weights); must
+                                 # equal offsets[T*B]
 
 
 class TableDescriptor(data.Struct):
@@ -141,7 +148,12 @@ class EngineStats(data.Struct):
 
 
 class Completion(data.Struct):
-    """One 64-byte completion-ring entry (fields from bit 0)."""
+    """One 64-byte completion-ring entry (fields from bit 0).
+
+    A command that ends with an error never writes a table row (UPDATE and LOG validate
+    before their first write). A failed LOOKUP may already have written the pooled vectors
+    of the bags before the failing one (it validates while it streams): after a LOOKUP
+    error the pooled-output array is undefined and must not be used."""
     valid: 1                     # 1 in every completion the device writes
     reserved: 7
     error: NdpError

@@ -13,14 +13,16 @@ Ports
 
 Order and contents: bags in TBE order (t*B + b); a bag of L > 0 indices becomes L ROW items
 (``first`` on the first, ``last`` on the last) all for one unit, a bag of L = 0 one EMPTY
-item. Each ROW carries the row's first line (``table.base_addr + index * dim/16``), the
-index's weight (when the command has weights; else 1.0), the bag's pooling mode and length,
-and the line its pooled vector goes to (``out_addr + b * row_pitch_lines + col_lines``).
+item (its ``weight`` is 1.0: the next weight in the stream belongs to the next bag). Each
+ROW carries the row's first line (``table.base_addr + index * dim/16``), the index's weight
+(when the command has weights; else 1.0), the bag's pooling mode and length, and the line
+its pooled vector goes to (``out_addr + b * row_pitch_lines + col_lines``).
 The feeder emits up to one item per cycle; a unit is chosen per bag (round robin over the
 units with room).
 
-Checks, in stream order (element positions in ``error_info``): OFFSETS when an offset is
-below the previous one or above the last one (``error_info`` = its position); ADDRESS when
+Checks, in stream order (element positions in ``error_info``): OFFSETS when offsets[0] != 0
+(``error_info`` 0), offsets[T*B] != ``cmd.index_count`` (T*B), or an offset is below the
+previous one or above the last one (``error_info`` = its position); ADDRESS when
 the indices or weights array reaches past device memory (AddressFault); INDEX_RANGE when an index
 is >= its table's rows (its position in the indices array); BAD_DESCRIPTOR for a MEAN bag
 longer than 65535 (the bag number). On an error the feeder stops, closes a half-emitted bag
@@ -172,7 +174,11 @@ class LookupFeeder(wiring.Component):
                     m.d.sync += prev.eq(offs.elems.payload)
                     m.next = "CHECK"
             with m.State("CHECK"):
-                with m.If(off_end < prev):
+                # PyTorch's contract: offsets run from 0 to the index count. Anything else
+                # would read positions that belong to no bag (garbage after the indices).
+                with m.If(prev != 0):
+                    fail(NdpError.OFFSETS, 0)
+                with m.Elif(off_end != cmd.index_count):
                     fail(NdpError.OFFSETS, nbags)
                 with m.Elif(cmd.indices_addr + idx_lines > cap):
                     fail(NdpError.ADDRESS, AddressFault.INDICES)
@@ -203,7 +209,7 @@ class LookupFeeder(wiring.Component):
                         with m.If(o == prev):
                             m.next = "EMPTY"
             with m.State("EMPTY"):
-                m.d.comb += [self.items.valid.eq(1), item.kind.eq(ItemKind.EMPTY)]
+                m.d.comb += [self.items.valid.eq(1), item.kind.eq(ItemKind.EMPTY), item.weight.eq(ONE)]
                 with m.If(self.items.ready):
                     m.next = "NEXT_BAG"
             with m.State("ROWS"):

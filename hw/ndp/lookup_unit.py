@@ -19,7 +19,8 @@ work. Lines retire in issue order into 16 Fp32Fma lanes (hw/common/fp32.py), one
 line per cycle: acc[k] = acc[k] + row (SUM, MEAN) or fma(w, row, acc[k]) (WEIGHTED_SUM),
 starting from +0.0, with ``k`` the line within the row: the exact operation order of
 architecture.md §5, per bag and lane (accumulators are per context and line). An EMPTY
-bag retires dim/16 lines of +0.0 + +0.0. A line whose chain predecessor is still inside the
+bag retires dim/16 lines of +0.0 + +0.0 (an ADD in every mode: its item's weight is never
+used). A line whose chain predecessor is still inside the
 5-stage FMA waits (the predecessor's result is forwarded in the cycle it leaves the
 pipeline), so with rows of n = dim/16 lines a unit retires about min(1, 2n/5) lines per
 cycle while both contexts have bags (n/5 with one); the feeder spreads bags over the
@@ -184,8 +185,10 @@ class LookupUnit(wiring.Component):
         o_last = o_valid & o_tag.last
         m.d.sync += lasts_in_flight.eq(lasts_in_flight + (to_fma & meta.last) - o_last)
 
-        weighted = meta.mode == PoolMode.WEIGHTED_SUM
         empty = meta.kind == ItemKind.EMPTY
+        # An EMPTY bag is +0.0 + +0.0 in every mode: it has no weight of its own, and
+        # fma(w, +0.0, +0.0) would be NaN for an infinite or NaN w.
+        weighted = (meta.mode == PoolMode.WEIGHTED_SUM) & ~empty
         for i, lane in enumerate(lanes):
             row = Mux(empty, 0, data_r.data.word_select(i, 32))
             acc_in = Mux(meta.first, 0, Mux(forward, o_line.word_select(i, 32), acc_r.data.word_select(i, 32)))

@@ -32,8 +32,8 @@ row that occurs k times is updated k times in that order. NaN results are 0x7FC0
 
 Two passes
 1. Validation; no write is issued before it ends. The offsets array (T*B+1 u32) is streamed
-   and checked, then the used part of the indices array, indices[offsets[0]:offsets[T*B]]
-   (positions before offsets[0] are never read), and each index is checked against the rows
+   and checked, then the indices array, indices[0:offsets[T*B]] (offsets[0] must be 0 and
+   offsets[T*B] = cmd.index_count; nothing after it is read), and each index is checked against the rows
    of its table. The first error found, in this order, ends the command:
    - ADDRESS, error_info = the AddressFault (hw/ndp/command.py): the offsets array; then for each
      table t in order, TABLE_ROWS + t its rows (base_addr + rows*dim/16 > capacity_lines) and
@@ -42,7 +42,8 @@ Two passes
      offsets[T*B]-1; weights only when flags.has_weights).
    - OFFSETS, error_info = position i of the first offset with offsets[i] < offsets[i-1], or
      with offsets[i] - offsets[i-1] > 65535 (a bag longer than Fp32DivInt's 16-bit L; this
-     engine rejects it in every pooling mode).
+     engine rejects it in every pooling mode); then 0 when offsets[0] != 0 and T*B when
+     offsets[T*B] != cmd.index_count (checked before the indices' ADDRESS).
    - INDEX_RANGE, error_info = position of the first index >= its table's rows.
 2. Apply: bag stage -> lookahead -> scratchpad -> datapath (below). Each row is read into the
    scratchpad, updated there, and written back when evicted or at the end; before ``done``
@@ -663,7 +664,13 @@ class UpdateEngine(wiring.Component):
                 first_rel = tb_first >> 4
                 last_rel = (tb_last - 1)[:32] >> 4
                 m.d.sync += total.eq(tb_last - tb_first)
-                with m.If(tb_last == tb_first):
+                # PyTorch's contract: offsets run from 0 to the index count (no position
+                # outside a bag is ever read).
+                with m.If(tb_first != 0):
+                    fail(NdpError.OFFSETS, 0)
+                with m.Elif(tb_last != cmd.index_count):
+                    fail(NdpError.OFFSETS, n_bags)
+                with m.Elif(tb_last == tb_first):
                     m.d.sync += state.eq(Main.DONE)         # nothing to update
                 with m.Elif(cmd.indices_addr + last_rel >= CAP):
                     fail(NdpError.ADDRESS, AddressFault.INDICES)

@@ -24,7 +24,7 @@ Pure Python (no simulator; unit-tested in tests/test_ndp.py):
   line zero-padded). ``NdpCommand.unpack(line)`` is the inverse of ``pack``.
 - Checkpoint commands (hw/ndp/command.py): ``NdpCommand`` carries ``batch``, ``mlp_offset``,
   ``mlp_count`` and the flags ``checkpoint`` / ``mlp_slot``; ``log_command(layout, batch,
-  has_weights=, tag=)`` (LOG), ``update_command(..., checkpoint_batch=k)`` (UPDATE with
+  index_count=, has_weights=, tag=)`` (LOG), ``update_command(..., checkpoint_batch=k)`` (UPDATE with
   flags.checkpoint, batch k), ``mlp_log_command(batch, offset, count, slot, tag=)`` and
   ``mlp_log_commands(batch, lines, slot, chunks=)`` (MLP_LOG; no tables), ``recover_command(
   tag=)`` (RECOVER; no tables).
@@ -54,7 +54,9 @@ On the simulator (cocotb, a ``sim.env.DeviceEnv``):
   until durable, becomes ``total_cycles``); STATUS.NDP_DONE is cleared. ``await execute(cmd,
   expect=NdpError.OK)`` = submit + wait and raises ``NdpCommandError`` when the error code
   is not the expected one. ``read_outputs`` / ``read_table`` / ``read_rows`` read results
-  back (device memory through the backdoor, host memory from the home agent).
+  back (device memory through the backdoor, host memory from the home agent);
+  ``read_outputs`` refuses an output array whose last LOOKUP failed or has not completed
+  (a failed LOOKUP leaves its outputs undefined).
 - ``await program_checkpoint(region=None, mlp_host_line=None)`` writes the CKPT_* geometry
   CSRs (default: the layout's ``log_region``); ``await read_recovery()`` reads
   CKPT_RECOVERED_EMB / CKPT_RECOVERED_MLP / CKPT_RECOVER_STATUS into a ``RecoveryResult``
@@ -157,6 +159,16 @@ def lines_to_array(lines: Sequence[int], dtype=np.uint32, count: int | None = No
     data = b"".join(int(v).to_bytes(LINE_BYTES, "little") for v in lines)
     arr = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
     return arr if count is None else arr[:count]
+
+
+def garbage_words(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` random u32 words, a quarter of them fp32 specials (+-Inf, NaNs, +-0, subnormals)."""
+    words = rng.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF, 0x7F800001, 0x80000000, 0x00000001,
+                         0x807FFFFF], np.uint32)
+    pick = rng.random(n) < 0.25
+    words[pick] = rng.choice(specials, int(pick.sum()))
+    return words
 
 
 def f32_bits(value: float) -> int:
@@ -395,6 +407,7 @@ class NdpCommand:
     mlp_count: int = 0            # MLP_LOG: lines in the chunk
     checkpoint: bool = False      # UPDATE: require batch's LOGGED record, then write APPLIED
     mlp_slot: int = 0             # MLP_LOG: the MLP log slot (0 / 1)
+    index_count: int = 0          # LOOKUP, UPDATE, LOG: elements of indices (= offsets[T*B])
 
     def pack(self) -> int:
         flags = FLAGS.pack(out_to_host=int(self.out_to_host), has_weights=int(self.has_weights),
@@ -404,7 +417,7 @@ class NdpCommand:
                             offsets_addr=self.offsets_addr, indices_addr=self.indices_addr,
                             weights_addr=self.weights_addr, grad_addr=self.grad_addr, out_addr=self.out_addr,
                             row_pitch_lines=self.row_pitch_lines, lr=f32_bits(self.lr), batch=self.batch,
-                            mlp_offset=self.mlp_offset, mlp_count=self.mlp_count)
+                            mlp_offset=self.mlp_offset, mlp_count=self.mlp_count, index_count=self.index_count)
 
     @classmethod
     def unpack(cls, line: int) -> "NdpCommand":
@@ -420,7 +433,7 @@ class NdpCommand:
                    out_addr=f["out_addr"], lr=float(np.uint32(f["lr"]).view(np.float32)),
                    out_to_host=bool(fl["out_to_host"]), has_weights=bool(fl["has_weights"]), tag=f["tag"],
                    batch=f["batch"], mlp_offset=f["mlp_offset"], mlp_count=f["mlp_count"],
-                   checkpoint=bool(fl["checkpoint"]), mlp_slot=fl["mlp_slot"])
+                   checkpoint=bool(fl["checkpoint"]), mlp_slot=fl["mlp_slot"], index_count=f["index_count"])
 
     def replace(self, **changes) -> "NdpCommand":
         return dataclasses.replace(self, **changes)
@@ -437,31 +450,34 @@ class NdpCommand:
             return f"opcode {self.opcode_value:#x}"
 
 
-def lookup_command(layout: DeviceLayout, *, has_weights: bool, out_line: int | None = None,
+def lookup_command(layout: DeviceLayout, *, index_count: int, has_weights: bool, out_line: int | None = None,
                    out_to_host: bool = False, tag: int = 0) -> NdpCommand:
-    """LOOKUP of the batch in the layout's argument arrays; pooled vectors to ``out_line``
-    (default: the layout's device output array; a host line when ``out_to_host``)."""
+    """LOOKUP of the batch in the layout's argument arrays (``index_count`` indices, the
+    offsets' last value); pooled vectors to ``out_line`` (default: the layout's device output
+    array; a host line when ``out_to_host``). After a LOOKUP error the outputs are undefined."""
     if out_line is None:
         if out_to_host or layout.outputs is None:
             raise ValueError("out_line is required for host outputs (the layout has no device output array)")
         out_line = layout.outputs.base
-    return NdpCommand(NdpOpcode.LOOKUP, **_common_fields(layout, has_weights), out_addr=out_line,
+    return NdpCommand(NdpOpcode.LOOKUP, **_common_fields(layout, has_weights, index_count), out_addr=out_line,
                       out_to_host=out_to_host, tag=tag)
 
 
-def update_command(layout: DeviceLayout, *, lr: float, has_weights: bool, tag: int = 0,
+def update_command(layout: DeviceLayout, *, index_count: int, lr: float, has_weights: bool, tag: int = 0,
                    checkpoint_batch: int | None = None) -> NdpCommand:
     """UPDATE (sparse SGD) with the gradients in the layout's gradient array. With
     ``checkpoint_batch`` k: flags.checkpoint and batch k (the device requires batch k's
     LOGGED record and writes its APPLIED record)."""
     ckpt = {} if checkpoint_batch is None else {"checkpoint": True, "batch": checkpoint_batch}
-    return NdpCommand(NdpOpcode.UPDATE, **_common_fields(layout, has_weights), grad_addr=layout.grads.base,
+    return NdpCommand(NdpOpcode.UPDATE, **_common_fields(layout, has_weights, index_count),
+                      grad_addr=layout.grads.base,
                       lr=lr, tag=tag, **ckpt)
 
 
-def log_command(layout: DeviceLayout, batch: int, *, has_weights: bool = False, tag: int = 0) -> NdpCommand:
+def log_command(layout: DeviceLayout, batch: int, *, index_count: int, has_weights: bool = False,
+                tag: int = 0) -> NdpCommand:
     """LOG: undo-log the rows batch ``batch`` (the layout's argument arrays) will update."""
-    return NdpCommand(NdpOpcode.LOG, **_common_fields(layout, has_weights), batch=batch, tag=tag)
+    return NdpCommand(NdpOpcode.LOG, **_common_fields(layout, has_weights, index_count), batch=batch, tag=tag)
 
 
 def mlp_log_command(batch: int, offset: int, count: int, slot: int, *, tag: int = 0) -> NdpCommand:
@@ -483,10 +499,12 @@ def recover_command(*, tag: int = 0) -> NdpCommand:
     return NdpCommand(NdpOpcode.RECOVER, 0, 0, 0, 0, 0, 0, tag=tag)
 
 
-def _common_fields(layout: DeviceLayout, has_weights: bool) -> dict:
+def _common_fields(layout: DeviceLayout, has_weights: bool, index_count: int) -> dict:
     if has_weights and layout.weights is None:
         raise ValueError("the layout has no weights array")
-    return {"num_tables": len(layout.tables), "batch_size": layout.batch_size,
+    if not 0 <= index_count <= layout.max_indices:
+        raise ValueError(f"index_count {index_count} outside the layout's 0..{layout.max_indices}")
+    return {"index_count": int(index_count), "num_tables": len(layout.tables), "batch_size": layout.batch_size,
             "tables_addr": layout.table_descs.base, "offsets_addr": layout.offsets.base,
             "indices_addr": layout.indices.base, "row_pitch_lines": layout.row_pitch_lines,
             "weights_addr": layout.weights.base if has_weights else 0, "has_weights": has_weights}
@@ -723,6 +741,10 @@ class NdpHost:
         self.media = MediaCounters(env)
         self.submitted = 0            # commands submitted (the doorbell value, unwrapped)
         self.completed = 0            # commands whose completion was collected
+        # Output arrays (line, from_host) -> why they hold no defined result: written by a
+        # LOOKUP still running or one that failed (hw/ndp/command.py Completion).
+        self._lookup_outputs: dict[int, tuple[int, bool]] = {}
+        self._undefined_outputs: dict[tuple[int, bool], str] = {}
         self._busy_bit = field("NDP_STATUS", "BUSY")
         self._last_error = field("NDP_STATUS", "LAST_ERROR")
         self._last_tag = field("NDP_STATUS", "LAST_TAG")
@@ -754,20 +776,28 @@ class NdpHost:
         for i, value in enumerate(lines):
             await self.port.write_line(self.layout.table_descs.base + i, value)
 
-    def load_batch(self, offsets: np.ndarray, indices: np.ndarray, weights: np.ndarray | None = None) -> None:
-        """Offsets, indices (and weights) of one batch into the layout's argument arrays."""
+    def load_batch(self, offsets: np.ndarray, indices: np.ndarray, weights: np.ndarray | None = None, *,
+                   garbage: np.random.Generator | None = None) -> None:
+        """Offsets, indices (and weights) of one batch into the layout's argument arrays.
+        ``garbage``: fill every element of those regions after the batch's (the rest of the
+        last line and every later line) with random words from it, NaN, Inf and subnormal
+        patterns included, as stale data a host leaves there; the device must not read them.
+        Without it the rest of the last line is zero."""
         lay = self.layout
         if offsets.size != len(lay.tables) * lay.batch_size + 1:
             raise ValueError(f"offsets has {offsets.size} entries, expected T*B+1 = "
                              f"{len(lay.tables) * lay.batch_size + 1}")
         if indices.size > lay.max_indices:
             raise ValueError(f"{indices.size} indices exceed the layout's {lay.max_indices}")
-        self.backdoor.write_lines(lay.offsets.base, array_to_lines(offsets, np.uint32))
-        self.backdoor.write_lines(lay.indices.base, array_to_lines(indices, np.uint32))
+        if weights is not None and lay.weights is None:
+            raise ValueError("the layout has no weights array")
+        arrays = [(lay.offsets, np.asarray(offsets, np.uint32)), (lay.indices, np.asarray(indices, np.uint32))]
         if weights is not None:
-            if lay.weights is None:
-                raise ValueError("the layout has no weights array")
-            self.backdoor.write_lines(lay.weights.base, array_to_lines(weights, np.float32))
+            arrays.append((lay.weights, np.asarray(weights, np.float32).view(np.uint32)))
+        for region, values in arrays:
+            if garbage is not None:
+                values = np.concatenate([values, garbage_words(garbage, region.lines * FLOATS_PER_LINE - values.size)])
+            self.backdoor.write_lines(region.base, array_to_lines(values, np.uint32))
 
     def load_gradients(self, grads: Sequence[np.ndarray]) -> None:
         """Per-table (B, dim) fp32 pooled-output gradients into the [B][row pitch] array."""
@@ -822,6 +852,10 @@ class NdpHost:
         if self.submitted - self.completed >= self.layout.ring_slots:
             raise RuntimeError(f"submission ring full ({self.layout.ring_slots} commands outstanding)")
         seq = self.submitted
+        if cmd.opcode_value == NdpOpcode.LOOKUP.value:
+            key = (cmd.out_addr, cmd.out_to_host)
+            self._lookup_outputs[seq] = key
+            self._undefined_outputs[key] = f"LOOKUP {seq} has not completed"
         await self.port.write_line(self.layout.sq.base + seq % self.layout.ring_slots, cmd.pack())
         self.submitted += 1
         await self._ring_doorbell(self.submitted)
@@ -858,6 +892,12 @@ class NdpHost:
         if head == seq + 1:
             completion = await self._check_status_csrs(seq, completion)
         self.completed = max(self.completed, seq + 1)
+        key = self._lookup_outputs.pop(seq, None)
+        if key is not None and self._undefined_outputs.get(key, "").startswith(f"LOOKUP {seq} "):
+            if completion.ok:
+                del self._undefined_outputs[key]
+            else:
+                self._undefined_outputs[key] = f"LOOKUP {seq} failed with {completion.error_name}"
         return completion
 
     async def execute(self, cmd: NdpCommand, *, expect: NdpError = NdpError.OK,
@@ -923,8 +963,13 @@ class NdpHost:
 
     # ---- results
     def read_outputs(self, out_line: int | None = None, *, from_host: bool = False) -> list[np.ndarray]:
-        """Pooled outputs per table, (B, dim) fp32, from device memory or host memory."""
+        """Pooled outputs per table, (B, dim) fp32, from device memory or host memory.
+        Raises RuntimeError when the last LOOKUP into that array failed or has not completed
+        (its contents are undefined)."""
         lay = self.layout
+        key = (lay.outputs.base if out_line is None and lay.outputs is not None else out_line, from_host)
+        if key in self._undefined_outputs:
+            raise RuntimeError(f"the pooled outputs at line {key[0]:#x} are undefined: {self._undefined_outputs[key]}")
         count = lay.batch_size * lay.row_pitch_lines
         if from_host:
             if self.host_memory is None:

@@ -78,12 +78,15 @@ async def update_without_its_log_is_refused(dut):
     run.driver.load_batch(b.offsets, b.indices, b.weights)
     run.driver.load_gradients(run.golden.grads_of(0))
     before = _tables_now(run)
-    upd = update_command(run.layout, lr=run.lr, has_weights=run.has_weights, checkpoint_batch=0, tag=0x51)
+    upd = update_command(run.layout, index_count=b.indices.size, lr=run.lr, has_weights=run.has_weights,
+                         checkpoint_batch=0, tag=0x51)
     await run.driver.execute(upd, expect=NdpError.NOT_LOGGED)
-    await run.driver.execute(log_command(run.layout, 2, has_weights=run.has_weights, tag=0x52))
+    await run.driver.execute(log_command(run.layout, 2, index_count=b.indices.size, has_weights=run.has_weights,
+                                             tag=0x52))
     await run.driver.execute(upd.replace(tag=0x53), expect=NdpError.NOT_LOGGED)   # slot 0 holds batch 2
     assert _same_tables(before, _tables_now(run)), "a refused UPDATE wrote rows"
-    await run.driver.execute(log_command(run.layout, 0, has_weights=run.has_weights, tag=0x54))
+    await run.driver.execute(log_command(run.layout, 0, index_count=b.indices.size, has_weights=run.has_weights,
+                                             tag=0x54))
     await run.driver.execute(upd.replace(tag=0x55))
     run.golden.step(before, 0)
     assert _same_tables(before, _tables_now(run)), "the logged UPDATE differs from the golden step"
@@ -99,7 +102,8 @@ async def torn_log_entry_is_detected(dut):
     await run.train(1)
     b = run.batches[1]
     run.driver.load_batch(b.offsets, b.indices, b.weights)
-    await run.driver.execute(log_command(run.layout, 1, has_weights=run.has_weights, tag=0x61))
+    await run.driver.execute(log_command(run.layout, 1, index_count=b.indices.size, has_weights=run.has_weights,
+                                             tag=0x61))
     backdoor = run.driver.backdoor
     entry_lines = entries_lines(run.golden.expected_log(1, run.layout))
     line = run.region.slot_base(1) + SLOT_HEADER_LINES + run.env.rng.randrange(entry_lines)  # a header or payload

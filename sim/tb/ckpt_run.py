@@ -245,7 +245,8 @@ class CheckpointedRun:
         tables = self.golden.tables_after(k)
         self.driver.load_batch(b.offsets, b.indices, b.weights if self.has_weights else None)
         start = self.env.host.cycle
-        s = await self._submit(lookup_command(self.layout, has_weights=self.has_weights, tag=self._next_tag()),
+        s = await self._submit(lookup_command(self.layout, index_count=b.indices.size, has_weights=self.has_weights,
+                                              tag=self._next_tag()),
                                k, hook)
         await self._collect(s)
         self._check_lookup(k, b, tables)
@@ -260,8 +261,9 @@ class CheckpointedRun:
                 await self._collect_logs(await self._submit_logs(k, hook))
         self.driver.load_gradients(self.golden.grads_of(k))
         ckpt = None if self.schedule == "none" else k
-        s = await self._submit(update_command(self.layout, lr=self.lr, has_weights=self.has_weights,
-                                              tag=self._next_tag(), checkpoint_batch=ckpt), k, hook)
+        s = await self._submit(update_command(self.layout, index_count=b.indices.size, lr=self.lr,
+                                              has_weights=self.has_weights, tag=self._next_tag(),
+                                              checkpoint_batch=ckpt), k, hook)
         await self._collect(s)
         self.acked_batches = k + 1
         self.next_batch = k + 1
@@ -275,7 +277,8 @@ class CheckpointedRun:
 
     async def _submit_logs(self, k: int, hook) -> list[Submitted]:
         slot = self.mlp_next_slot
-        subs = [await self._submit(log_command(self.layout, k, has_weights=self.has_weights, tag=self._next_tag()),
+        subs = [await self._submit(log_command(self.layout, k, index_count=self.batches[k].indices.size,
+                                                   has_weights=self.has_weights, tag=self._next_tag()),
                                    k, hook)]
         for cmd in mlp_log_commands(k, self.mlp_lines, slot, chunks=self.mlp_chunks, tag=self._next_tag()):
             self._tag = cmd.tag

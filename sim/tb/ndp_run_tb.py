@@ -128,12 +128,13 @@ class EmbeddingRun:
         self._tag = (self._tag + 1) & 0xFFFF
         return self._tag
 
-    def lookup_cmd(self):
-        return lookup_command(self.layout, has_weights=self.has_weights, out_to_host=self.out == "host",
-                              out_line=self.host_out_line, tag=self.next_tag())
+    def lookup_cmd(self, index_count: int):
+        return lookup_command(self.layout, index_count=index_count, has_weights=self.has_weights,
+                              out_to_host=self.out == "host", out_line=self.host_out_line, tag=self.next_tag())
 
-    def update_cmd(self):
-        return update_command(self.layout, lr=self.lr, has_weights=self.has_weights, tag=self.next_tag())
+    def update_cmd(self, index_count: int):
+        return update_command(self.layout, index_count=index_count, lr=self.lr, has_weights=self.has_weights,
+                              tag=self.next_tag())
 
     def timeout_for(self, n_indices: int) -> int:
         row_lines = n_indices * max(t.lines_per_row for t in self.layout.tables)
@@ -158,13 +159,18 @@ class EmbeddingRun:
         return bound, source
 
     # ---- one batch
-    async def run_batch(self, k: int, batch) -> dict:
+    async def run_batch(self, k: int, batch, *, grads: list[np.ndarray] | None = None,
+                        garbage: np.random.Generator | None = None) -> dict:
+        """LOOKUP then UPDATE of ``batch``, both checked bit for bit. ``grads``: the pooled-output
+        gradients (default: seeded, ``batch_gradients``); ``garbage``: random stale words in
+        every argument-array element outside the batch (``NdpHost.load_batch``)."""
         B = self.manifest["batch_size"]
         n = int(batch.indices.size)
-        self.driver.load_batch(batch.offsets, batch.indices, batch.weights if self.has_weights else None)
+        self.driver.load_batch(batch.offsets, batch.indices, batch.weights if self.has_weights else None,
+                               garbage=garbage)
         timeout = self.timeout_for(n)
 
-        lookup, media_l = await self.measured(self.lookup_cmd(), timeout)
+        lookup, media_l = await self.measured(self.lookup_cmd(n), timeout)
         got = self.driver.read_outputs(self.host_out_line, from_host=self.out == "host")
         want = embedding.tbe_forward(self.golden, batch.offsets, batch.indices, self.modes, B, batch.weights)
         problems = []
@@ -172,9 +178,10 @@ class EmbeddingRun:
             problems += _first_mismatches(w, g, lambda b, j, t=t: f"batch {k} LOOKUP table {t} sample {b}")
         assert not problems, f"seed {self.env.seed}: pooled outputs differ:\n" + "\n".join(problems)
 
-        grads = batch_gradients(self.manifest, self.env.seed, k)
+        if grads is None:
+            grads = batch_gradients(self.manifest, self.env.seed, k)
         self.driver.load_gradients(grads)
-        update, media_u = await self.measured(self.update_cmd(), timeout)
+        update, media_u = await self.measured(self.update_cmd(n), timeout)
         embedding.tbe_sgd_step(self.golden, batch.offsets, batch.indices, self.modes, B, grads, self.lr,
                                batch.weights)
         unique = self.check_tables(k, batch)

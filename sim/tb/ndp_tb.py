@@ -12,9 +12,15 @@ pushed to the host. Every test logs its seed; replay with TCXL_SEED=<seed>.
   bags; duplicate rows in and across bags; signed weights; Zipf and uniform rows), LOOKUP
   then UPDATE per batch, outputs and whole tables compared after every batch.
   TCXL_NDP_BATCHES sets the number of batches (default 3).
-- ``bad_inputs_are_rejected``: every malformed-input case (issue 4) completes with its
-  NdpError (and error_info), leaves every table bit-identical, and the next good LOOKUP +
-  UPDATE is correct.
+- ``empty_bags_next_to_nonfinite_weights``: empty bags of SUM, MEAN and WEIGHTED_SUM tables
+  whose offsets[b] points at a +-Inf / NaN weight of the next bag pool to +0.0 (issue 18).
+- ``garbage_outside_bags_changes_nothing``: property test; random garbage in every array
+  position outside a bag's range (array tails, unused weights, empty bags' gradients) changes
+  no result (issue 18).
+- ``bad_inputs_are_rejected``: every malformed-input case (issue 4; offsets[0] != 0 and
+  offsets[T*B] != index_count, issue 18) completes with its NdpError (and error_info), leaves
+  every table bit-identical, makes ``read_outputs`` refuse a failed LOOKUP's outputs, and the
+  next good LOOKUP + UPDATE is correct.
 - ``update_scratchpad_overflow``: an UPDATE whose distinct rows exceed the update engine's
   scratchpad (TCXL_SCRATCH_LINES overrides the size read from hw/ndp/update.py).
 """
@@ -30,11 +36,13 @@ import cocotb
 import numpy as np
 
 from hw.ndp.command import MAX_TABLES, AddressFault, NdpError, NdpOpcode
-from sim.bfm.ndp_host import TABLE, HostMemorySide, NdpCommand, NdpCommandError, plan_layout, tables_from_manifest
+from sim.bfm.ndp_host import (TABLE, HostMemorySide, NdpCommand, NdpCommandError, garbage_words, plan_layout,
+                               tables_from_manifest)
 from sim.env import DeviceEnv
 from sim.model.dlrm import RM_TINY, PoolingDistribution, TableSpec
 from sim.model.trace import TraceKnobs, generate_trace
-from sim.tb.ndp_run_tb import EmbeddingRun, host_output_base
+from sim.model import embedding
+from sim.tb.ndp_run_tb import EmbeddingRun, host_output_base, initial_tables
 
 
 def _layout(env, trace, out="device"):
@@ -87,6 +95,103 @@ async def random_lookup_update_host_out(dut):
 
 
 # --------------------------------------------------------------------------------------------
+# positions that belong to no bag
+# --------------------------------------------------------------------------------------------
+NONFINITE = np.float32([np.inf, -np.inf, np.nan])
+
+
+def _empty_bags(batch, n_bags: int) -> np.ndarray:
+    return np.flatnonzero(np.diff(batch.offsets[:n_bags + 1].astype(np.int64)) == 0)
+
+
+def _nonfinite_after_empty_bags(batch, n_bags: int) -> int:
+    """The weight at offsets[b] of every empty bag b (the next bag's first weight) becomes
+    +Inf, -Inf or NaN in turn; returns how many were set."""
+    n = 0
+    for b in _empty_bags(batch, n_bags):
+        pos = int(batch.offsets[b])
+        if pos < batch.indices.size:
+            batch.weights[pos] = NONFINITE[n % 3]
+            n += 1
+    return n
+
+
+async def _run_batches(dut, run, trace, n_bags, *, garbage=None):
+    """Every batch of ``trace``, LOOKUP + UPDATE checked bit for bit (multi-step: each batch
+    runs on the tables the previous UPDATE left). ``garbage``: a Generator for random stale
+    words outside every bag (argument-array tails, unused weights, empty bags' gradients)."""
+    B = trace.manifest["batch_size"]
+    for k, batch in enumerate(trace.batches):
+        grads = None
+        if garbage is not None:
+            from sim.tb.ndp_run_tb import batch_gradients
+            grads = batch_gradients(trace.manifest, run.env.seed, k)
+            for b in _empty_bags(batch, n_bags):     # gradients of empty bags are never read
+                t, s = divmod(int(b), B)
+                grads[t][s] = garbage_words(garbage, grads[t].shape[1]).view(np.float32)
+        f = await run.run_batch(k, batch, grads=grads, garbage=garbage)
+        dut._log.info(f"batch {k}: {f['lookups']} lookups, {len(_empty_bags(batch, n_bags))} empty bags, "
+                      f"LOOKUP {f['cycles_lookup']} cycles, UPDATE {f['cycles_update']} cycles")
+
+
+@cocotb.test()
+async def empty_bags_next_to_nonfinite_weights(dut):
+    """Empty bags in SUM, MEAN and WEIGHTED_SUM tables whose offsets[b] points at a +-Inf / NaN
+    weight (it belongs to the next bag): pooled +0.0 like PyTorch, over several batches."""
+    env = await DeviceEnv.create(dut)
+    trace = generate_trace(RM_TINY, 3, env.seed & 0x7FFF_FFFF,
+                           TraceKnobs(batch_size=8, empty_prob=0.4, weights=True))
+    n_bags = len(trace.manifest["tables"]) * 8
+    set_ = sum(_nonfinite_after_empty_bags(b, n_bags) for b in trace.batches)
+    modes_with_empty = {trace.manifest["tables"][int(e) // 8]["mode"] for b in trace.batches
+                        for e in _empty_bags(b, n_bags)}
+    dut._log.info(f"{set_} non-finite weights after empty bags; empty bags in {sorted(modes_with_empty)} tables")
+    assert set_ > 0 and modes_with_empty == {"sum", "mean", "weighted_sum"}, (set_, modes_with_empty)
+    run = EmbeddingRun(env, trace.manifest, _layout(env, trace), verify_tables="all")
+    await run.setup()
+    await _run_batches(dut, run, trace, n_bags)
+    await env.finish()
+    env.assert_clean()
+
+
+@cocotb.test()
+async def garbage_outside_bags_changes_nothing(dut):
+    """Property: random garbage (NaN, Inf, subnormals, huge indices) in every array position
+    outside a bag's range changes no result. Garbage goes after the offsets, indices and
+    weights (up to the end of their regions), into the weights of SUM and MEAN tables (which
+    pool without weights), into the gradient vectors of empty bags, and +-Inf / NaN into the
+    weight at every empty bag's offset. The results must equal the golden model on the clean
+    batch, bit for bit."""
+    env = await DeviceEnv.create(dut)
+    n = int(os.environ.get("TCXL_NDP_BATCHES", "3"))
+    seed = env.seed & 0x7FFF_FFFF
+    trace, knobs = _random_trace(env.rng, n, seed)
+    garbage = np.random.default_rng([seed, 77])
+    B = trace.manifest["batch_size"]
+    n_bags = len(trace.manifest["tables"]) * B
+    modes = [t["mode"] for t in trace.manifest["tables"]]
+    for batch in trace.batches:
+        clean = embedding.tbe_forward(initial_tables(trace.manifest, env.seed), batch.offsets, batch.indices,
+                                      modes, B, batch.weights.copy())
+        for t, mode in enumerate(modes):
+            if mode != "weighted_sum":
+                lo, hi = int(batch.offsets[t * B]), int(batch.offsets[(t + 1) * B])
+                batch.weights[lo:hi] = garbage_words(garbage, hi - lo).view(np.float32)
+        _nonfinite_after_empty_bags(batch, n_bags)
+        dirty = embedding.tbe_forward(initial_tables(trace.manifest, env.seed), batch.offsets, batch.indices,
+                                      modes, B, batch.weights)
+        for t, mode in enumerate(modes):         # the golden model itself ignores them (where they are unused)
+            if mode != "weighted_sum":
+                assert np.array_equal(clean[t].view(np.uint32), dirty[t].view(np.uint32)), f"golden table {t}"
+    dut._log.info(f"rm-tiny trace: {knobs}")
+    run = EmbeddingRun(env, trace.manifest, _layout(env, trace), verify_tables="all")
+    await run.setup()
+    await _run_batches(dut, run, trace, n_bags, garbage=garbage)
+    await env.finish()
+    env.assert_clean()
+
+
+# --------------------------------------------------------------------------------------------
 # bad input
 # --------------------------------------------------------------------------------------------
 @dataclass
@@ -114,6 +219,7 @@ class BadBench:
         self.cap = run.env.config.capacity_lines
         self.B = run.manifest["batch_size"]
         self.offsets = batch.offsets.astype(np.int64)
+        self.n_bags = len(run.layout.tables) * self.B
 
     def table_span(self, t: int) -> tuple[int, int]:
         return int(self.offsets[t * self.B]), int(self.offsets[(t + 1) * self.B])
@@ -143,6 +249,15 @@ def _rows(bench, t):
     return bench.layout.tables[t].rows
 
 
+def _shift_offsets(a, bench):
+    """offsets[0] = 1: position 0 (a junk index and weight) belongs to no bag; the last bag
+    (non-empty in the good batch) is one shorter, so only offsets[0] is wrong."""
+    assert a["offsets"][-1] > a["offsets"][-2]
+    a["offsets"][:-1] += 1
+    a["indices"][0] = 0xFFFF_FFFF
+    a["weights"][0] = np.nan
+
+
 def _bad_cases(capacity: int, n_tables: int) -> list[BadCase]:
     L, U = NdpOpcode.LOOKUP, NdpOpcode.UPDATE
     both = (L, U)
@@ -161,6 +276,14 @@ def _bad_cases(capacity: int, n_tables: int) -> list[BadCase]:
                 info=lambda b: b.decreasing_position()),
         BadCase("an offset above the last one", NdpError.OFFSETS, (L,),
                 args=lambda a, b: a["offsets"].__setitem__(1, a["offsets"][-1] + 1), info=1),
+        # PyTorch's contract: offsets run from 0 to the index count (the descriptor's index_count)
+        BadCase("offsets[0] = 1 (one junk index before)", NdpError.OFFSETS, both, args=_shift_offsets, info=0),
+        BadCase("offsets[T*B] past the index count (into the zeros after the indices)", NdpError.OFFSETS, both,
+                args=lambda a, b: a["offsets"].__setitem__(-1, a["offsets"][-1] + 3), info=lambda b: b.n_bags),
+        BadCase("index_count above offsets[T*B]", NdpError.OFFSETS, both,
+                cmd=lambda c, b: c.replace(index_count=c.index_count + 1), info=lambda b: b.n_bags),
+        BadCase("index_count below offsets[T*B]", NdpError.OFFSETS, both,
+                cmd=lambda c, b: c.replace(index_count=c.index_count - 1), info=lambda b: b.n_bags),
         BadCase("indices array past device memory", NdpError.ADDRESS, both,
                 cmd=lambda c, b: c.replace(indices_addr=capacity - 1), info=AddressFault.INDICES),
         BadCase("indices array aliasing (capacity + base)", NdpError.ADDRESS, both,
@@ -215,7 +338,8 @@ async def _try_bad_case(bench: BadBench, case: BadCase, opcode: NdpOpcode) -> li
         descs = [TABLE.unpack(v) for v in bench.layout.table_descriptors()]
         case.descs(descs, bench)
         await driver.write_table_descriptors([TABLE.pack(**d) for d in descs])
-    cmd = run.lookup_cmd() if opcode == NdpOpcode.LOOKUP else run.update_cmd()
+    n = int(args["indices"].size)
+    cmd = run.lookup_cmd(n) if opcode == NdpOpcode.LOOKUP else run.update_cmd(n)
     if case.cmd:
         cmd = case.cmd(cmd, bench)
     try:
@@ -223,6 +347,13 @@ async def _try_bad_case(bench: BadBench, case: BadCase, opcode: NdpOpcode) -> li
     except NdpCommandError as e:
         return [f"{where}: {e}"]
     problems = []
+    if (cmd.opcode_value == NdpOpcode.LOOKUP.value and cmd.out_addr == bench.layout.outputs.base
+            and case.expect != NdpError.OK):
+        try:                                            # a failed LOOKUP's outputs are undefined
+            driver.read_outputs()
+            problems.append(f"{where}: read_outputs returned the outputs of a failed LOOKUP")
+        except RuntimeError:
+            pass
     info = case.info(bench) if callable(case.info) else case.info
     if info is not None and completion.error_info != int(info):
         problems.append(f"{where}: error_info {completion.error_info:#x}, expected {int(info):#x}")
