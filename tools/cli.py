@@ -272,6 +272,8 @@ def main(argv=None) -> int:
     add_eval_parser(sub)
     from tools.synth_cmd import add_parser as add_synth_parser
     add_synth_parser(sub)
+    from tools.mem_audit import add_parser as add_memaudit_parser
+    add_memaudit_parser(sub)
 
     args = p.parse_args(argv)
     return args.func(args)

@@ -23,6 +23,11 @@ Ports
 A flip to device bias keeps at most ``window`` ACQUIREs in flight. Assumes the host answers
 each one (MemRdFwd, or GO/GO-Err on CXL.cache).
 
+Memory: one write port, two asynchronous read ports (LUT RAM; FPGA rules in
+tools/mem_audit.py). A host flip writes in the cycle it is asked for; the engine's write of
+the page bit waits for a cycle without one, so a flip may end a cycle later under host
+traffic. A read in the cycle of a write returns the old bit (the write lands at the edge).
+
 The request payload is driven outside the FSM, every field unconditionally (``data`` is 0:
 an ACQUIRE carries none): it only matters while ``valid``, and a field that only a constant
 drives in a signal also assigned under ``m.If``/``m.FSM`` becomes a constant-only ``always @*``
@@ -63,11 +68,12 @@ class BiasTable(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         lines_per_page = 1 << self.page_line_bits
+        # One write port and asynchronous reads: LUT RAM on an FPGA (the read ports are
+        # replicas). The host's flip and the engine's share the write port (below).
         m.submodules.bits = bits = memory.Memory(shape=1, depth=self.pages, init=[])
         rd_host = bits.read_port(domain="comb")
         rd_query = bits.read_port(domain="comb")
-        wr_engine = bits.write_port()
-        wr_host = bits.write_port()
+        wr = bits.write_port()
         m.d.comb += [
             rd_host.addr.eq(self.host_page), self.host_device.eq(rd_host.data),
             rd_query.addr.eq(self.query_page), self.query_device.eq(rd_query.data),
@@ -83,7 +89,8 @@ class BiasTable(wiring.Component):
         engine_value = Signal()
         with m.FSM():
             with m.State("IDLE"):
-                with m.If(self.done_seq != self.flip_seq):
+                # The engine writes only in a cycle without a host flip (one write port).
+                with m.If((self.done_seq != self.flip_seq) & ~self.host_to_host):
                     m.d.sync += [page.eq(self.flip_page), issued.eq(0), answered.eq(0),
                                  failed.eq(0)]
                     with m.If(self.flip_to_device):
@@ -97,7 +104,7 @@ class BiasTable(wiring.Component):
                 m.d.comb += self.port.req.valid.eq((issued != lines_per_page) & (in_flight < self.window))
                 with m.If(self.port.req.valid & self.port.req.ready):
                     m.d.sync += issued.eq(issued + 1)
-                with m.If(answered == lines_per_page):
+                with m.If((answered == lines_per_page) & ~self.host_to_host):
                     m.d.comb += [engine_write.eq(~failed), engine_value.eq(1),
                                  self.events.to_device.eq(~failed)]
                     m.d.sync += [self.done_seq.eq(self.flip_seq), self.error.eq(failed)]
@@ -115,13 +122,14 @@ class BiasTable(wiring.Component):
             with m.If(self.port.rsp.payload.error):
                 m.d.sync += failed.eq(1)
 
-        # The engine's flip (to device: the page it acquired; to host: the page asked for)
-        # and the host's flip to host bias each have a write port; on the same page in the
-        # same cycle the host's wins (host bias is always safe).
+        # One write port: the host's flip to host bias has it whenever it asks (the access
+        # it belongs to proceeds as host bias in that cycle); the engine's flip (to device:
+        # the page it acquired; to host: the page asked for) waits for a cycle without one
+        # (engine_write is never high together with host_to_host).
         engine_page = Mux(engine_value, page, self.flip_page)
         m.d.comb += [
-            wr_engine.addr.eq(engine_page), wr_engine.data.eq(engine_value),
-            wr_engine.en.eq(engine_write & ~(self.host_to_host & (self.host_page == engine_page))),
-            wr_host.addr.eq(self.host_page), wr_host.data.eq(0), wr_host.en.eq(self.host_to_host),
+            wr.addr.eq(Mux(self.host_to_host, self.host_page, engine_page)),
+            wr.data.eq(~self.host_to_host & engine_value),
+            wr.en.eq(self.host_to_host | engine_write),
         ]
         return m
