@@ -126,8 +126,7 @@ class DeviceEnv:
         self.dut.rst.value = 1
         await power_fail(self.dut.power_fail, self.dut.tear_seed, self.clk, tear_seed)
         await self.reset()
-        self.monitor.waiting.clear()
-        self.monitor.outstanding = 0
+        self.monitor.forget()
         self.host.enabled = True
 
     async def finish(self) -> dict:

@@ -96,6 +96,143 @@ def test_repeated_tags_match_the_request_the_response_fits():
     assert mon.violations == []
 
 
+def test_tag_reuse_answered_out_of_order_is_legal():
+    """Issue 18.3: MemRd A (line 2, Meta0 Invalid) and MemRd B (line 1, Meta0 Shared) share a
+    Tag; a write to line 2 with line 1's value is in flight, so B's data is also legal for A.
+    The device answers B first (Cmp-S and its data), then A (Cmp and line 2's old data). The
+    first DRS must not be bound to A just because A is older and accepts it."""
+    mon, sb, m2s = setup()
+    m2s("rwd", rwd(W.MEM_WR, 1, 1, data=0x11))
+    mon.on_s2m(0, "ndr", ndr(N.CMP, 1))
+    m2s("rwd", rwd(W.MEM_WR, 1, 2, data=0x22))
+    mon.on_s2m(0, "ndr", ndr(N.CMP, 1))
+    m2s("req", req(Q.MEM_RD, 7, 2, mv=MetaValue.INVALID.value))   # A
+    m2s("rwd", rwd(W.MEM_WR, 2, 2, data=0x11))                   # in flight: A may see 0x11 too
+    m2s("req", req(Q.MEM_RD, 7, 1, mv=MetaValue.SHARED.value))    # B
+    mon.on_s2m(1, "ndr", ndr(N.CMP_S, 7))
+    mon.on_s2m(1, "drs", drs(7, 0x11))
+    mon.on_s2m(2, "ndr", ndr(N.CMP, 7))
+    mon.on_s2m(2, "drs", drs(7, 0x22))
+    mon.on_s2m(3, "ndr", ndr(N.CMP, 2))
+    mon.finish(4)
+    assert mon.violations == [] and sb.mismatches == [] and sb.reads_checked == 2 and mon.outstanding == 0
+
+
+def test_tag_reuse_without_a_legal_assignment_is_reported():
+    """Two DRSs that only one of two same-Tag reads may return: no assignment exists."""
+    mon, sb, m2s = setup()
+    m2s("rwd", rwd(W.MEM_WR, 1, 1, data=0x11))
+    mon.on_s2m(0, "ndr", ndr(N.CMP, 1))
+    m2s("req", req(Q.MEM_RD, 7, 1))
+    m2s("req", req(Q.MEM_RD, 7, 2))                               # holds 0
+    mon.on_s2m(1, "drs", drs(7, 0x11))
+    mon.on_s2m(2, "drs", drs(7, 0x11))                            # line 2 never held 0x11
+    mon.on_s2m(3, "ndr", ndr(N.CMP_E, 7))
+    mon.on_s2m(3, "ndr", ndr(N.CMP_E, 7))
+    mon.finish(4)
+    assert len(mon.violations) + len(sb.mismatches) >= 1, (mon.violations, sb.mismatches)
+    # ... and a third DRS for two reads is a response nobody waits for
+    mon, sb, m2s = setup()
+    m2s("req", req(Q.MEM_RD, 7, 1))
+    m2s("req", req(Q.MEM_RD, 7, 2))
+    for c in range(3):
+        mon.on_s2m(c, "drs", drs(7, 0))
+    mon.finish(4)
+    assert any("answers no outstanding request" in v or "no assignment" in v for v in mon.violations)
+
+
+def test_tag_reuse_random_legal_orders():
+    """Many reads share one Tag, lines hold values that several of them may return (writes in
+    flight), and the answers come in a random legal order: never a violation. Then one answer
+    swapped for data no read may return: always caught."""
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    for trial in range(200):
+        mon, sb, m2s = setup()
+        values = [rng.choice((0x10, 0x20, 0x30)) for _ in range(8)]
+        for line, v in enumerate(values):
+            m2s("rwd", rwd(W.MEM_WR, 1, line, data=v))
+            mon.on_s2m(0, "ndr", ndr(N.CMP, 1))
+        reads = []
+        for _ in range(rng.randint(2, 6)):
+            line = rng.randrange(8)
+            m2s("req", req(Q.MEM_RD, 9, line))
+            answer = values[line]
+            if rng.random() < 0.4:              # a write in flight: either value is legal
+                new = rng.choice((0x10, 0x20, 0x30))
+                m2s("rwd", rwd(W.MEM_WR, 2, line, data=new))
+                values[line] = new
+                answer = rng.choice((answer, new))
+            reads.append(answer)
+        bad = trial % 2 == 1
+        if bad:
+            reads[rng.randrange(len(reads))] = 0x99
+        rng.shuffle(reads)
+        for c, value in enumerate(reads):
+            mon.on_s2m(c, "ndr", ndr(N.CMP_E, 9))
+            mon.on_s2m(c, "drs", drs(9, value))
+        while mon.waiting.get((2, 0)):
+            mon.on_s2m(99, "ndr", ndr(N.CMP, 2))
+        mon.finish(100)
+        problems = mon.violations + sb.mismatches
+        assert bool(problems) == bad, (seed, trial, problems)
+
+
+def test_out_of_window_reads_sharing_a_tag():
+    """Issue 18.2: two outstanding MemRd above the window's end and two below its base, each
+    pair sharing a Tag, answered MemData-NXM: no exception, no mismatch, and data other than
+    all ones is still caught. A disabled window makes every read out of window."""
+    mon, sb, m2s = setup()
+    mon.set_window(16, 32, True)
+    for tag, lines in ((5, (100, 2000)), (6, (3, 15))):
+        for line in lines:
+            m2s("req", req(Q.MEM_RD, tag, line))
+        for _ in lines:
+            mon.on_s2m(1, "drs", drs(tag, ALL_ONES, D.MEM_DATA_NXM))
+    mon.finish(2)
+    assert mon.violations == [] and sb.mismatches == [] and mon.outstanding == 0
+    mon, sb, m2s = setup()
+    mon.set_window(16, 32, False)
+    m2s("req", req(Q.MEM_RD, 5, 20))
+    m2s("req", req(Q.MEM_RD, 5, 21))
+    mon.on_s2m(1, "drs", drs(5, ALL_ONES, D.MEM_DATA_NXM))
+    mon.on_s2m(1, "drs", drs(5, ALL_ONES ^ 1, D.MEM_DATA_NXM))
+    mon.finish(2)
+    assert any("all ones" in v for v in mon.violations), mon.violations
+    assert sb.accepts(mon.waiting[(5, 0)][0], drs(5, ALL_ONES)) if mon.waiting.get((5, 0)) else True
+
+
+def test_checker_exceptions_become_violations():
+    """A listener that raises is reported, and the monitor goes on."""
+    mon, _, m2s = setup()
+
+    class Broken:
+        def accepts(self, p, f):
+            raise ValueError("boom")
+
+        def on_complete(self, *a):
+            raise KeyError("bang")
+
+    mon.listeners.append(Broken())
+    m2s("req", req(Q.MEM_RD, 1, 5))
+    m2s("req", req(Q.MEM_RD, 1, 6))
+    mon.on_s2m(1, "drs", drs(1, 0))
+    mon.on_s2m(1, "ndr", ndr(N.CMP_E, 1))
+    text = "\n".join(mon.violations)
+    assert "checker error" in text and "boom" in text and "bang" in text
+
+
+def test_versioned_memory_refuses_lines_outside():
+    vm = VersionedMemory(MemoryModel(8))
+    for line in (-1, 8):
+        try:
+            vm.legal_reads(line, 0, 1)
+        except IndexError:
+            continue
+        raise AssertionError(f"line {line} was not refused")
+
+
 def test_scoreboard_flags_stale_data_and_lost_poison():
     mon, sb, m2s = setup()
     m2s("rwd", rwd(W.MEM_WR, 1, 5, data=0x11))

@@ -18,6 +18,7 @@ DIRECTED = [
     "read_after_write_same_line",
     "invalidate_and_speculative_read",
     "outside_window_nxm_and_counters",
+    "outside_window_same_tag_and_counter_scope",
     "reserved_and_unsupported_opcodes",
     "poison_propagates",
 ]

@@ -325,29 +325,43 @@ _MAP = (
     _whole("SCRATCH", 0x048, Access.RW, "Scratch register for software; no hardware effect."),
     # --- error counters (0x050-0x07C); each increment sets STATUS.ERROR ---
     _whole("ERR_OUT_OF_WINDOW_RD", 0x050, Access.COUNTER,
-           "M2S Req outside the HDM window: reads answered MemData-NXM, MemInv Cmp.",
+           "MemRd, MemRdData, MemInv and MemInvNT outside the HDM window (or with it disabled): "
+           "reads answered MemData-NXM, invalidates Cmp. Other Req opcodes outside the window count "
+           "where they would inside (STAT_SPEC_RD_DROPPED, ERR_UNSUPPORTED_REQ, ERR_UNEXPECTED_FWD).",
            sets=_ERR),
     _whole("ERR_OUT_OF_WINDOW_WR", 0x054, Access.COUNTER,
-           "M2S RwD writes outside the HDM window (Cmp, no effect).", sets=_ERR),
+           "MemWr and MemWrPtl outside the HDM window (or with it disabled): Cmp, no effect; poisoned "
+           "ones are counted here only, not in ERR_POISON_WR.", sets=_ERR),
     _whole("ERR_UNSUPPORTED_REQ", 0x058, Access.COUNTER,
-           "M2S Req with a reserved or unsupported opcode.", sets=_ERR),
+           "M2S Req with a reserved or unsupported opcode (TEE, MemClnEvct, MemRdFill, reserved codes), "
+           "inside or outside the window; answered NDR Cmp.", sets=_ERR),
     _whole("ERR_UNSUPPORTED_RWD", 0x05C, Access.COUNTER,
-           "M2S RwD with a reserved or unsupported opcode.", sets=_ERR),
+           "M2S RwD with a reserved or unsupported opcode, BIConflict included (answered BI-ConflictAck; "
+           "the others Cmp, nothing written), inside or outside the window.", sets=_ERR),
     _whole("ERR_UNEXPECTED_FWD", 0x060, Access.COUNTER,
            "MemRdFwd/MemWrFwd with no device request outstanding.", sets=_ERR),
     _whole("ERR_POISON_WR", 0x064, Access.COUNTER,
-           "Poisoned RwD received.", sets=_ERR + ("STATUS.POISON",)),
+           "Poisoned MemWr/MemWrPtl inside the HDM window (the line is written poisoned). Poisoned "
+           "writes outside the window count in ERR_OUT_OF_WINDOW_WR, other opcodes in ERR_UNSUPPORTED_RWD.",
+           sets=_ERR + ("STATUS.POISON",)),
     _whole("ERR_POISON_RD", 0x068, Access.COUNTER,
-           "Poisoned data returned on DRS.", sets=_ERR + ("STATUS.POISON",)),
+           "MemData returned with Poison = 1 for a CXL.mem read (the line is poisoned, or the media "
+           "read failed).", sets=_ERR + ("STATUS.POISON",)),
     _whole("ERR_MEDIA", 0x06C, Access.COUNTER,
-           "Media AXI error responses (SLVERR/DECERR).", sets=_ERR),
+           "Media AXI error responses (SLVERR/DECERR) to CXL.mem reads and writes; NDP engines report "
+           "theirs in their completion (NdpError.MEDIA).", sets=_ERR),
     _whole("ERR_CACHE_GO", 0x070, Access.COUNTER,
            "CXL.cache GO-Err, GO_ERR_WritePull or poisoned H2D data received.", sets=_ERR),
     # --- statistics counters (0x080-0x0FC) ---
-    _whole("STAT_RD_LINES", 0x080, Access.COUNTER, "Lines read from media for CXL.mem."),
-    _whole("STAT_WR_LINES", 0x084, Access.COUNTER, "Lines written to media for CXL.mem."),
-    _whole("STAT_SPEC_RD_DROPPED", 0x088, Access.COUNTER, "MemSpecRd requests dropped."),
-    _whole("STAT_INV", 0x08C, Access.COUNTER, "MemInv requests handled."),
+    _whole("STAT_RD_LINES", 0x080, Access.COUNTER,
+           "Lines read from media for CXL.mem: MemRd and MemRdData inside the HDM window (counted as "
+           "decoded; NDP engine traffic is not counted)."),
+    _whole("STAT_WR_LINES", 0x084, Access.COUNTER,
+           "Lines written to media for CXL.mem: MemWr and MemWrPtl inside the HDM window (counted as "
+           "decoded; NDP engine traffic is not counted)."),
+    _whole("STAT_SPEC_RD_DROPPED", 0x088, Access.COUNTER, "MemSpecRd requests dropped, inside or outside the window."),
+    _whole("STAT_INV", 0x08C, Access.COUNTER,
+           "MemInv and MemInvNT inside the HDM window; outside ones count in ERR_OUT_OF_WINDOW_RD."),
     # --- CXL.cache agent statistics (0x0A0-0x0BC) ---
     _whole("STAT_D2H_REQ", 0x0A0, Access.COUNTER, "D2H requests sent (including evictions)."),
     _whole("STAT_SNOOP", 0x0A4, Access.COUNTER, "H2D snoops answered."),

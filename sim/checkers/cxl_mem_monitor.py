@@ -4,8 +4,9 @@ It listens to the host BFM (``on_m2s`` / ``on_s2m``) and keeps, for every reques
 responses the specification allows, written here from cxl-reference §1 "Expected
 responses" (not from the RTL):
 1. Each Req gets its response set with the same Tag and LD-ID: at most one NDR and one DRS;
-   none for MemSpecRd, MemRdFwd, MemWrFwd. Tags may repeat, so requests are matched per
-   (Tag, LD-ID) oldest first, and a response nobody is waiting for is a violation.
+   none for MemSpecRd, MemRdFwd, MemWrFwd. Tags may repeat and responses come in any order,
+   so a response may belong to any outstanding request with its Tag and LD-ID: the monitor
+   accepts any legal assignment (below), and a response nobody is waiting for is a violation.
 2. Each RwD gets exactly one NDR: Cmp for writes, BI-ConflictAck for BIConflict.
 3. The NDR opcode fits the request: Meta0-State Any -> Cmp-E, Shared -> Cmp-S or Cmp-E,
    Invalid -> Cmp; MetaField No-Op -> Cmp; MemRdData -> Cmp-S or Cmp-E. Never Cmp-M.
@@ -21,8 +22,18 @@ responses" (not from the RTL):
 Project-defined answers (README "CXL.mem target"): an unsupported Req or RwD opcode gets
 one NDR Cmp; outside the window MemInv gets Cmp and writes get Cmp.
 
-``finish()`` reports requests still waiting. ``violations`` lists every problem found, with
-the cycle, so a failing test says what went wrong.
+Matching responses to requests that share a Tag and LD-ID: an NDR goes to the most
+constrained request it fits (the allowed sets nest, so this is never wrong). A DRS whose data
+several outstanding reads could legally return (the listeners' ``accepts``, i.e. the
+scoreboard's legal values at the DRS's arrival) is held with that candidate set instead of
+being bound to the oldest: a candidate set shrinks as other DRSs take their reads, a DRS
+left with one candidate takes it, and a group of held DRSs that covers exactly its
+candidates is assigned by a bipartite matching (any perfect matching is legal: each DRS was
+accepted by each of its candidates). A DRS for which no assignment of all DRSs received so
+far exists is a violation. ``finish()`` assigns what is still held, then reports requests
+still waiting. ``violations`` lists every problem found, with the cycle, so a failing test
+says what went wrong. A listener that raises does not stop the link: the exception becomes
+a violation naming the response.
 """
 from __future__ import annotations
 
@@ -64,6 +75,36 @@ class Pending:
         return (self.ndr_ok is None or self.got_ndr) and (self.drs_ok is None or self.got_drs)
 
 
+@dataclass
+class HeldDrs:
+    """A DRS that more than one outstanding read could legally be the answer to."""
+    fields: dict
+    cycle: int
+    candidates: list                  # Pending reads it fits (data accepted at arrival)
+
+
+def _matching(held: list[HeldDrs]) -> dict[int, Pending] | None:
+    """A matching of every held DRS (by index) to a distinct candidate, or None (Kuhn)."""
+    owner: dict[int, int] = {}        # id(Pending) -> index of the DRS holding it
+    by_id: dict[int, Pending] = {}
+
+    def augment(i: int, seen: set) -> bool:
+        for p in held[i].candidates:
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if id(p) not in owner or augment(owner[id(p)], seen):
+                owner[id(p)] = i
+                by_id[id(p)] = p
+                return True
+        return False
+
+    for i in range(len(held)):
+        if not augment(i, set()):
+            return None
+    return {i: by_id[pid] for pid, i in owner.items()}
+
+
 def _meta_cmp(fields) -> frozenset:
     if fields["meta_field"] == _MS0:
         mv = fields["meta_value"]
@@ -84,6 +125,7 @@ class CxlMemMonitor:
             collections.defaultdict(collections.deque)
         self.outstanding = 0
         self.messages = 0
+        self.held: dict[tuple[int, int], list[HeldDrs]] = {}    # ambiguous DRSs per (Tag, LD-ID)
         # Listeners: on_complete(pending, kind, fields, cycle) for every matched response, and
         # accepts(pending, drs_fields) to tell apart reads that share a Tag.
         self.listeners = []
@@ -147,11 +189,15 @@ class CxlMemMonitor:
             # so giving a Cmp-E to a request that allows only Cmp-E is never wrong.
             fits = sorted((p for p in open_ if op in p.ndr_ok), key=lambda p: len(p.ndr_ok))
         else:
+            held = self.held.get(key, ())
             open_ = [p for p in queue if p.drs_ok is not None and not p.got_drs]
             fits = [p for p in open_ if op == p.drs_ok]
-            if len(fits) > 1:
-                fits = ([p for p in fits if all(lst.accepts(p, fields) for lst in self.listeners)]
-                        or fits)
+            if len(fits) > 1 or held:
+                accepted = [p for p in fits if self._accepted(p, fields, cycle)]
+                if len(accepted) > 1 or (accepted and held):
+                    self._hold(key, HeldDrs(fields, cycle, accepted), queue)
+                    return
+                fits = accepted or fits
         match = fits[0] if fits else (open_[0] if open_ else None)
         if match is None:
             self._violation(cycle, f"{kind.upper()} opcode {op} answers no outstanding request "
@@ -163,19 +209,76 @@ class CxlMemMonitor:
                 name = N(op).name if op in N._value2member_map_ else op
                 self._violation(cycle, f"NDR opcode {name} does not fit {self._describe(match)}; allowed "
                                        f"{sorted(N(o).name for o in match.ndr_ok)}")
+            self._complete(match, kind, fields, cycle, queue)
         else:
-            match.got_drs = True
-            if op != match.drs_ok:
-                self._violation(cycle, f"DRS opcode {op} for {self._describe(match)}, "
-                                       f"expected {D(match.drs_ok).name}")
-            elif op == _NXM and fields["data"] != ALL_ONES:
-                self._violation(cycle, f"MemData-NXM for {self._describe(match)} "
-                                       f"carries data other than all ones")
+            self._take_drs(match, fields, cycle, queue)
+            if key in self.held:
+                self._settle(key, queue)
+
+    def _accepted(self, p: Pending, fields: dict, cycle: int) -> bool:
+        try:
+            return all(lst.accepts(p, fields) for lst in self.listeners)
+        except Exception as e:          # a checker bug must not stop the link
+            self._violation(cycle, f"checker error judging DRS Tag {fields['tag']:#x} for "
+                                   f"{self._describe(p)}: {type(e).__name__}: {e}")
+            return False
+
+    def _complete(self, match: Pending, kind: str, fields: dict, cycle: int, queue) -> None:
         if match.done:
             queue.remove(match)
             self.outstanding -= 1
         for lst in self.listeners:
-            lst.on_complete(match, kind, fields, cycle)
+            try:
+                lst.on_complete(match, kind, fields, cycle)
+            except Exception as e:      # a checker bug must not stop the link
+                self._violation(cycle, f"checker error on the {kind.upper()} for {self._describe(match)}: "
+                                       f"{type(e).__name__}: {e}")
+
+    def _take_drs(self, match: Pending, fields: dict, cycle: int, queue) -> None:
+        op = fields["opcode"]
+        match.got_drs = True
+        if op != match.drs_ok:
+            self._violation(cycle, f"DRS opcode {op} for {self._describe(match)}, "
+                                   f"expected {D(match.drs_ok).name}")
+        elif op == _NXM and fields["data"] != ALL_ONES:
+            self._violation(cycle, f"MemData-NXM for {self._describe(match)} "
+                                   f"carries data other than all ones")
+        self._complete(match, "drs", fields, cycle, queue)
+
+    def _hold(self, key, new: HeldDrs, queue) -> None:
+        """Add an ambiguous DRS to its key's held set and settle what can be settled."""
+        self.held.setdefault(key, []).append(new)
+        self._settle(key, queue, new)
+
+    def _settle(self, key, queue, new: HeldDrs | None = None, final: bool = False) -> None:
+        """Take every held DRS of ``key`` left with one candidate; assign a group that covers
+        exactly its candidates (or, ``final``, everything) by a matching."""
+        held = self.held.get(key, [])
+        while held:
+            for h in held:
+                h.candidates = [p for p in h.candidates if not p.got_drs]
+            if _matching(held) is None:
+                bad = new if new in held else next(h for h in held if not h.candidates) if \
+                    any(not h.candidates for h in held) else held[-1]
+                held.remove(bad)
+                self._violation(bad.cycle, f"DRS Tag {key[0]:#x} LD-ID {key[1]}: no assignment of the "
+                                           f"{len(held) + 1} DRSs held for this Tag to distinct outstanding "
+                                           f"reads exists (a read answered twice, or data no read may return)")
+                continue
+            single = next((h for h in held if len(h.candidates) == 1), None)
+            if single is not None:
+                held.remove(single)
+                self._take_drs(single.candidates[0], single.fields, single.cycle, queue)
+                continue
+            if final or len({id(p) for h in held for p in h.candidates}) == len(held):
+                match = _matching(held)
+                taken = list(held)
+                held.clear()
+                for i, h in enumerate(taken):         # any perfect matching is legal
+                    self._take_drs(match[i], h.fields, h.cycle, queue)
+            break
+        if not held:
+            self.held.pop(key, None)
 
     def _check_meta(self, cycle, kind, fields) -> None:
         """Check 5 for a response whose MetaField is not No-Op."""
@@ -199,7 +302,15 @@ class CxlMemMonitor:
         return (f"{p.kind.upper()} {name} tag {f['tag']:#x} addr {f['addr']:#x} "
                 f"(seq {p.seq}, cycle {p.cycle})")
 
+    def forget(self) -> None:
+        """Drop every expectation (a power failure ends the link)."""
+        self.waiting.clear()
+        self.held.clear()
+        self.outstanding = 0
+
     def finish(self, cycle: int) -> None:
+        for key in list(self.held):
+            self._settle(key, self.waiting[key], final=True)
         for queue in self.waiting.values():
             for p in queue:
                 missing = [k for k, want, got in (("NDR", p.ndr_ok, p.got_ndr),

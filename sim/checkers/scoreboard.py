@@ -9,11 +9,17 @@ It listens to the host BFM (``on_m2s``) and the protocol monitor (``on_complete`
   expected versions and the value seen.
 - A write's Cmp marks it acknowledged: ``acked_seq[line]`` is the newest version the host
   knows to be durable (used by the power-failure check).
+- A read the HDM window does not decode (outside it, below its base, or the window
+  disabled) may only be answered MemData-NXM with all-ones data and no poison; it is judged
+  so before any line is looked up (the reference memory is never indexed outside
+  0 .. lines-1; ``VersionedMemory`` raises rather than wrap a negative index).
 """
 from __future__ import annotations
 
-from hw.common.cxl_mem import M2SReqOpcode as Q, M2SRwDOpcode as W, DRSOpcode as D
+from hw.common.cxl_mem import LINE_BITS, M2SReqOpcode as Q, M2SRwDOpcode as W, DRSOpcode as D
 from ..model.memory import MemoryModel, VersionedMemory, FULL_STRB
+
+NXM_ANSWER = ((1 << LINE_BITS) - 1, False)     # (data, poison) of MemData-NXM
 
 WRITE_OPS = (W.MEM_WR.value, W.MEM_WR_PTL.value)
 
@@ -46,7 +52,11 @@ class CxlMemScoreboard:
         pass
 
     def _legal(self, pending):
-        line = self.device_line(pending.fields["addr"])
+        """(device line or None, the (data, poison) pairs the read may return)."""
+        addr = pending.fields["addr"]
+        if not self.monitor.decodes(addr):
+            return None, [NXM_ANSWER]
+        line = self.device_line(addr)
         return line, self.mem.legal_reads(line, pending.seq, self.accepted)
 
     def accepts(self, pending, f) -> bool:
@@ -55,7 +65,8 @@ class CxlMemScoreboard:
 
     def on_complete(self, pending, kind, f, cycle):
         if (kind == "drs" and f["opcode"] == D.MEM_DATA.value and pending.kind == "req"
-                and pending.fields["opcode"] in (Q.MEM_RD.value, Q.MEM_RD_DATA.value)):
+                and pending.fields["opcode"] in (Q.MEM_RD.value, Q.MEM_RD_DATA.value)
+                and self.monitor.decodes(pending.fields["addr"])):      # (else the monitor's check 4)
             line, legal = self._legal(pending)
             got = (f["data"], bool(f["poison"]))
             self.reads_checked += 1

@@ -126,6 +126,8 @@ class VersionedMemory:
         """Values a read accepted as message ``accepted_seq`` and answered when
         ``completed_seq`` messages had been accepted may return: the version current at
         acceptance and any version written after it and before completion."""
+        if not 0 <= line < self.base.lines:
+            raise IndexError(f"line {line} outside the reference memory (0..{self.base.lines - 1})")
         hist = self.versions.get(line)
         if hist is None:
             return [self.base.read(line)]

@@ -251,6 +251,42 @@ async def outside_window_nxm_and_counters(dut):
 
 
 @cocotb.test()
+async def outside_window_same_tag_and_counter_scope(dut):
+    """Issue 18.2 and 18.6: two outstanding MemRd above the window and two below it, each pair
+    sharing a Tag (and one pair inside), all answered with the monitor and scoreboard
+    attached and silent; a poisoned write and a MemInv outside the window count in the
+    out-of-window counters only (ERR_POISON_WR and STAT_INV count inside the window)."""
+    base, size = 1 << 20, 1 << 20
+    env, col = await setup(dut, window=(base, size))
+    first, last = base // 64, (base + size) // 64 - 1
+    rd(env, 9, last + 1)
+    rd(env, 9, last + 77)                     # above, same Tag
+    rd(env, 10, first - 1)
+    rd(env, 10, 3)                            # below, same Tag
+    env.poke(4, 0x44)
+    env.poke(5, 0x55)
+    rd(env, 11, first + 4)
+    rd(env, 11, first + 5)                    # inside, same Tag
+    await env.wait_idle()
+    assert [f["opcode"] for t in (9, 10) for f in col.drs[t]] == [D.MEM_DATA_NXM.value] * 4
+    assert all(f["data"] == ALL_ONES for t in (9, 10) for f in col.drs[t])
+    assert sorted(f["data"] for f in col.drs[11]) == [0x44, 0x55]
+    wr(env, 12, last + 3, pattern(env.rng), poison=1)                       # outside, poisoned
+    rd(env, 13, first - 2, Q.MEM_INV, MS0, MetaValue.ANY, SnpType.SNP_INV)  # outside MemInv
+    await env.wait_idle()
+    assert await env.csr.read("ERR_POISON_WR") == 0
+    assert await env.csr.read("STAT_INV") == 0
+    assert await env.csr.read("ERR_OUT_OF_WINDOW_WR") == 1
+    assert await env.csr.read("ERR_OUT_OF_WINDOW_RD") == 5
+    wr(env, 14, first + 6, pattern(env.rng), poison=1)                      # inside: counted
+    rd(env, 15, first + 6, Q.MEM_INV, MS0, MetaValue.ANY, SnpType.SNP_INV)
+    await env.wait_idle()
+    assert await env.csr.read("ERR_POISON_WR") == 1
+    assert await env.csr.read("STAT_INV") == 1
+    await finish_clean(env)
+
+
+@cocotb.test()
 async def reserved_and_unsupported_opcodes(dut):
     env, col = await setup(dut)
     unsupported_req = [op for op in Q if op not in (
