@@ -387,6 +387,7 @@ def test_wrinv_go_before_write_pull():
     b.go(7, GOState.I)
     b.rsp(HR.WRITE_PULL, 7, 0x31)
     b.d2h_data(0x31)
+    b.go(7, GOState.I)                        # the early GO was not applied: this one ends it
     flagged(b, "GO for WR_INV CQID 0x7 line 0x40 (cycle 1) before its WritePull")
 
 

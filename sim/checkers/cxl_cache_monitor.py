@@ -38,7 +38,9 @@ Checks, with the reference rows they come from ("ref" = cxl-reference.md):
    GO_WritePull or GO_ERR_WritePull; CleanEvict GO_WritePull or GO_WritePull_Drop; DirtyEvict
    GO_WritePull or GO_ERR_WritePull; CleanEvictNoData GO-I; WOWrInv(F) Fast_GO_WritePull (or
    GO_ERR_WritePull) then ExtCmp; WrInv WritePull then GO-I (or GO-Err). Any other response
-   opcode (including Fast_GO, reserved in CXL 3.2) is a violation. Each pull (WritePull,
+   opcode (including Fast_GO, reserved in CXL 3.2) is a violation. A response or data the
+   device must drop (unknown CQID, wrong opcode, a second GO, pull or data, WrInv's GO before
+   its pull) is reported once and not applied, so the tracked state stays the device's. Each pull (WritePull,
    GO_WritePull, Fast_GO_WritePull, GO_ERR_WritePull) is owed exactly one D2H data message to
    the UQID in its RspData, error pulls included (the host drops that data); data after
    GO_WritePull_Drop or for CleanEvictNoData answers no pull and is flagged. Order: WrInv's GO
@@ -555,7 +557,9 @@ class CxlCacheMonitor:
                 self._host_violation(cycle, f"second GO for {req}")
                 return
             if need & _NEED_PULL:
+                # Not applied: the device must drop it (a WrInv takes its GO only after the pull).
                 self._host_violation(cycle, f"GO for {req} before its WritePull")
+                return
             go = f["rsp_data"] & 0xF
             if go not in req.go_ok:
                 self._host_violation(cycle, f"GO-{_name(_GO_NAME, go)} is not a grant for {req} (Table 3-22)")
