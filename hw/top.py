@@ -18,7 +18,7 @@ is shared by the test port, the bias engine and the NDP engines (lookup push, ML
 """
 from types import SimpleNamespace
 
-from amaranth import Module, Cat, Signal
+from amaranth import Module, Cat, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -71,6 +71,8 @@ CACHE_EVENT_COUNTERS = {
     "hit": "stat_cache_hit_inc",
     "miss": "stat_cache_miss_inc",
     "unexpected_fwd": "err_unexpected_fwd_inc",
+    "stray": "err_cache_stray_inc",
+    "snoop_rsvd": "err_cache_snoop_rsvd_inc",
 }
 
 
@@ -246,6 +248,15 @@ class TrainingCxlDevice(wiring.Component):
             m.d.comb += getattr(csr, port).eq(getattr(ev, event))
         for event, port in CACHE_EVENT_COUNTERS.items():
             m.d.comb += getattr(csr, port).eq(getattr(agent.events, event))
+        # The first illegal CXL.cache host message (CACHE_STRAY_INFO; VALID re-arms the capture).
+        info = agent.stray_info
+        for name in ("qid", "opcode", "go_state", "kind", "reason"):
+            port = getattr(csr, f"cache_stray_info_{name}")
+            value = getattr(info, name)
+            assert len(port) == len(Value.cast(value)), name       # map and StrayInfo agree
+            m.d.comb += port.eq(value)
+        m.d.comb += [csr.cache_stray_info_valid_set.eq(agent.stray_capture),
+                     agent.stray_held.eq(csr.cache_stray_info_valid)]
         # STATUS.ERROR / STATUS.POISON are set by the counters themselves (csr_map "sets").
         m.d.comb += [
             csr.status_error_set.eq(0),

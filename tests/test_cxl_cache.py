@@ -25,7 +25,26 @@ DIRECTED = [
 ]
 
 
+# Illegal host messages and held-back evicts (issue 20): sim/tb/cxl_cache_stray_tb.py.
+STRAY_MODULE = "sim.tb.cxl_cache_stray_tb"
+STRAY = [
+    "stray_go_for_a_free_cqid_changes_nothing",
+    "stray_cqid_above_the_tracker_count",
+    "stray_data_and_pulls_for_free_cqids",
+    "stray_messages_in_the_wrong_phase",
+    "reserved_snoop_opcodes_answer_rsp_i_hit_i",
+    "evict_held_back_across_snoops",
+    "illegal_host_rounds",
+]
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("testcase", DIRECTED)
 def test_cache_directed(harness, testcase):
     run_cocotb(harness, MODULE, testcase)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("testcase", STRAY)
+def test_cache_stray(harness, testcase):
+    run_cocotb(harness, STRAY_MODULE, testcase)

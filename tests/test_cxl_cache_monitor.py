@@ -387,6 +387,7 @@ def test_wrinv_go_before_write_pull():
     b.go(7, GOState.I)
     b.rsp(HR.WRITE_PULL, 7, 0x31)
     b.d2h_data(0x31)
+    b.go(7, GOState.I)                        # the early GO was not applied: this one ends it
     flagged(b, "GO for WR_INV CQID 0x7 line 0x40 (cycle 1) before its WritePull")
 
 
@@ -815,3 +816,134 @@ def test_second_pull_and_uqid_reuse():
     assert "reuses UQID 0x33 while data is still owed" in v[1]
     assert "SNP_INV UQID 0x50 line 0x140" in v[2]
     assert "reuses the UQID of pending SNP_INV UQID 0x50 line 0x100" in v[2]
+
+
+# ---------------------------------------------------------------- issue 20: evicts held back, stray host messages
+
+def _held_back_evict(b, line, cqid, snoops, evict_op=DQ.DIRTY_EVICT, uqid0=0x60):
+    """Snoops answered from the line the device still holds while its evict (queued before the
+    snoops) is held back on D2H Req; then the evict, its GO_WritePull and (Bogus) data."""
+    answer = {  # held state -> snoop -> (answer, forwards data, state after)
+        "M": {HQ.SNP_DATA: (DR.RSP_S_FWD_M, True, "S"), HQ.SNP_CUR: (DR.RSP_V_FWD_V, True, "M"),
+              HQ.SNP_INV: (DR.RSP_I_FWD_M, True, "I")},
+        "E": {HQ.SNP_DATA: (DR.RSP_S_HIT_SE, False, "S"), HQ.SNP_CUR: (DR.RSP_V_HIT_V, False, "E"),
+              HQ.SNP_INV: (DR.RSP_I_HIT_SE, False, "I")},
+        "S": {HQ.SNP_DATA: (DR.RSP_S_HIT_SE, False, "S"), HQ.SNP_CUR: (DR.RSP_V_HIT_V, False, "S"),
+              HQ.SNP_INV: (DR.RSP_I_HIT_SE, False, "I")},
+        "I": {s: (DR.RSP_I_HIT_I, False, "I") for s in (HQ.SNP_DATA, HQ.SNP_CUR, HQ.SNP_INV)},
+    }
+    held = b.state(line)
+    changed = False
+    for k, (snp, data_first) in enumerate(snoops):
+        rsp, fwd, after = answer[held][snp]
+        uqid = uqid0 + k
+        b.snoop(snp, line, uqid)
+        if fwd and data_first:
+            b.d2h_data(uqid)
+        b.snp_rsp(rsp, uqid)
+        if fwd and not data_first:
+            b.d2h_data(uqid)
+        changed |= snp == HQ.SNP_INV or after != held
+        held = after
+    b.req(evict_op, cqid, line)
+    b.rsp(HR.GO_WRITE_PULL, cqid, 0x5F)
+    b.d2h_data(0x5F, bogus=int(changed))
+    return held
+
+
+def test_dirty_evict_held_back_across_snoops_that_take_the_line_m_s_i():
+    """Issue 20 regression: M line, DirtyEvict queued, D2H Req held not ready; SnpData ->
+    RspSFwdM, SnpCur -> RspVHitV, SnpInv -> RspIHitSE, SnpInv -> RspIHitI; then the DirtyEvict
+    arrives. Judged against M (the state when it was queued), not S."""
+    b = Bench()
+    b.read(DQ.RD_OWN, 1, 0x40, GOState.M)
+    held = _held_back_evict(b, 0x40, 2, [(HQ.SNP_DATA, False), (HQ.SNP_CUR, False),
+                                         (HQ.SNP_INV, False), (HQ.SNP_INV, False)])
+    assert held == "I" and b.state(0x40) == "I"
+    clean(b)
+
+
+def test_crossing_window_ends_at_the_next_request_to_the_line():
+    """A crossing evict must precede any later D2H request to its line (one ordered channel)."""
+    b = Bench()
+    b.read(DQ.RD_OWN, 1, 0x40, GOState.M)
+    b.snoop(HQ.SNP_INV, 0x40, 0x50)
+    b.snp_rsp(DR.RSP_I_FWD_M, 0x50)
+    b.d2h_data(0x50)
+    b.req(DQ.RD_CURR, 2, 0x40)
+    b.h2d_data(2)
+    b.req(DQ.DIRTY_EVICT, 3, 0x40)
+    b.rsp(HR.GO_WRITE_PULL, 3, 0x51)
+    b.d2h_data(0x51)
+    flagged(b, "evicts a line it does not hold")
+
+
+def test_evict_held_back_random(capsys):
+    """Random variant: an M or E line's evict held back on D2H Req across 1-6 random snoops."""
+    import os
+    import random
+    seed = int(os.environ.get("TCXL_SEED", "0")) or random.randrange(1 << 30)
+    print(f"seed {seed} (replay with TCXL_SEED={seed})")
+    rng = random.Random(seed)
+    for i in range(300):
+        b = Bench()
+        line = 0x1000 + i
+        state = rng.choice([GOState.M, GOState.E])
+        b.read(DQ.RD_OWN, 1, line, state)
+        evict_op = DQ.DIRTY_EVICT if state == GOState.M or rng.random() < 0.5 else DQ.CLEAN_EVICT
+        snoops = [(rng.choice([HQ.SNP_DATA, HQ.SNP_CUR, HQ.SNP_INV]), rng.random() < 0.5)
+                  for _ in range(rng.randint(1, 6))]
+        _held_back_evict(b, line, 2, snoops, evict_op)
+        assert b.finish() == [], (seed, i, state, evict_op, snoops)
+
+
+def test_reserved_snoop_answered_rsp_i_hit_i_changes_nothing():
+    b = Bench()
+    b.read(DQ.RD_OWN, 1, 0x40, GOState.M)
+    for k, op in enumerate((0, 4, 5, 6, 7)):
+        b.snoop(op, 0x40, 0x50 + k)
+        b.snp_rsp(DR.RSP_I_HIT_I, 0x50 + k)
+    assert b.state(0x40) == "M"
+    b.snoop(HQ.SNP_INV, 0x40, 0x60)               # still M: only RspIFwdM fits
+    b.snp_rsp(DR.RSP_I_FWD_M, 0x60)
+    b.d2h_data(0x60)
+    v = b.finish()
+    assert len(v) == 5 and all("reserved opcode" in x for x in v), v
+    assert b.mon.host_violations == v and b.mon.device_violations == []
+
+
+@pytest.mark.parametrize("answer", [DR.RSP_V_HIT_V, DR.RSP_I_HIT_SE, DR.RSP_V_FWD_V])
+def test_reserved_snoop_answered_otherwise_is_a_device_violation(answer):
+    b = Bench()
+    b.read(DQ.RD_OWN, 1, 0x40, GOState.E)
+    b.snoop(5, 0x40, 0x50)
+    b.snp_rsp(answer, 0x50)
+    v = b.finish()
+    assert len(b.mon.host_violations) == 1 and "reserved opcode" in b.mon.host_violations[0], v
+    assert len(b.mon.device_violations) == 1, v
+    assert "a reserved snoop is answered RspIHitI" in b.mon.device_violations[0]
+
+
+def test_stray_host_messages_are_host_violations_and_change_nothing():
+    """Stray GO / GO_WritePull / WritePull / data for free, retired or wrong-phase CQIDs are
+    the host's errors; the monitor's view of the device does not move."""
+    b = Bench()
+    b.req(DQ.RD_OWN_NO_DATA, 1, 0x40)
+    b.go(1, GOState.E)                            # line 0x40 E (written: M)
+    b.evict(DQ.DIRTY_EVICT, 2, 0x40, 0x31)        # flushed: I
+    b.go(1, GOState.M)                            # stray GO-M for the old CQID
+    b.go(0x801, GOState.E)                        # CQID out of range
+    b.rsp(HR.GO_WRITE_PULL, 2, 0x32)              # stray pull for a retired evict
+    b.rsp(HR.WRITE_PULL, 9, 0x33)                 # never used
+    b.h2d_data(2)
+    b.req(DQ.RD_OWN, 3, 0x80)
+    b.rsp(HR.GO_WRITE_PULL, 3, 0x34)              # wrong phase: a read gets no pull
+    b.h2d_data(3)
+    b.h2d_data(3)                                 # duplicate data
+    b.go(3, GOState.E)
+    b.go(3, GOState.M)                            # duplicate GO
+    assert b.state(0x40) == "I" and b.state(0x80) == "E"
+    b.snoop(HQ.SNP_INV, 0x40, 0x50)
+    b.snp_rsp(DR.RSP_I_HIT_I, 0x50)
+    v = b.finish()
+    assert len(v) == 8 and b.mon.host_violations == v and b.mon.device_violations == [], v

@@ -352,6 +352,26 @@ _MAP = (
            "theirs in their completion (NdpError.MEDIA).", sets=_ERR),
     _whole("ERR_CACHE_GO", 0x070, Access.COUNTER,
            "CXL.cache GO-Err, GO_ERR_WritePull or poisoned H2D data received.", sets=_ERR),
+    # CXL.cache illegal host messages (issue 20; hw/cxl_controller/cxl_cache.py)
+    _whole("ERR_CACHE_STRAY", 0x074, Access.COUNTER,
+           "CXL.cache H2D responses and data dropped (CQID out of range, not outstanding, or in "
+           "the wrong phase); they change nothing.", sets=_ERR),
+    _whole("ERR_CACHE_SNOOP_RSVD", 0x078, Access.COUNTER,
+           "CXL.cache snoops with a reserved opcode (0, 4-7), answered RspIHitI with no state change.",
+           sets=_ERR),
+    Register("CACHE_STRAY_INFO", 0x07C, (
+        Field("QID", 0, 12, Access.RO,
+              doc="CQID of the H2D response or data as received (all 12 bits), or the snoop's UQID."),
+        Field("OPCODE", 12, 4, Access.RO, doc="H2D response opcode or snoop opcode; 0 for H2D data."),
+        Field("GO_STATE", 16, 4, Access.RO, doc="RspData[3:0] of an H2D response (the GO state); else 0."),
+        Field("KIND", 20, 2, Access.RO, doc="Channel: 0 = H2D Rsp, 1 = H2D Data, 2 = H2D Req (snoop)."),
+        Field("REASON", 22, 2, Access.RO,
+              doc="0 = CQID above the tracker count, 1 = no request outstanding on the CQID, "
+                  "2 = outstanding but not in a phase that takes the message, 3 = reserved snoop opcode."),
+        Field("VALID", 31, 1, Access.RW1C,
+              doc="Set when a message is captured; the other fields hold while it is 1. Write 1 to "
+                  "clear it and capture the next one."),
+    ), "First illegal CXL.cache host message counted in ERR_CACHE_STRAY or ERR_CACHE_SNOOP_RSVD."),
     # --- statistics counters (0x080-0x0FC) ---
     _whole("STAT_RD_LINES", 0x080, Access.COUNTER,
            "Lines read from media for CXL.mem: MemRd and MemRdData inside the HDM window (counted as "

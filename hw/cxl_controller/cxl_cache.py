@@ -6,6 +6,9 @@ Ports
 - ``port``: the internal request port (hw/cxl_controller/cache_port.py): ``port.req`` In
   stream(CacheReq), ``port.rsp`` Out stream(CacheRsp).
 - ``events``: one-cycle pulses for statistics counters.
+- ``stray_info`` (StrayInfo), ``stray_capture``, ``stray_held``: the first illegal host
+  message, for the CSR CACHE_STRAY_INFO (captured while ``stray_held`` is 0; the
+  ``stray_capture`` pulse sets its VALID bit, which drives ``stray_held``).
 
 Structure
 - Device cache: ``cache_lines`` lines, direct mapped (slot = low address bits), MESI.
@@ -31,6 +34,18 @@ Structure
   pull data Bogus if the snoop changed its state; anything else answers RspIHitI. A snoop
   to a line whose GO has arrived but whose fill has not landed waits for the fill (a few
   cycles), so it never answers from a stale state.
+
+Illegal host messages (issue 20): every tracker knows which H2D messages its flow takes and
+whether it has had them (a few bits: valid, GO, data, pull). RdOwn/RdShared take one data and
+one GO; RdCurr one data; RdOwnNoData, CLFlush and ACQUIRE one GO; ItoMWr one GO_WritePull or
+GO_ERR_WritePull; WrInv one WritePull, then one GO; DirtyEvict one GO_WritePull or
+GO_ERR_WritePull, CleanEvict one GO_WritePull or GO_WritePull_Drop. Any other H2D response or
+data (a CQID with bits above the tracker count, a free CQID, a duplicate, a reserved or
+unexpected opcode, a GO before WrInv's pull) is dropped before it touches a tracker, line or
+buffer; the ``stray`` event counts it (ERR_CACHE_STRAY; a second stray in the same cycle is
+counted in the next, up to ``STRAY_BACKLOG`` pending). A duplicate MemRdFwd (after the first
+completed the ACQUIRE) counts as ``unexpected_fwd``. A snoop with a reserved opcode (0, 4-7)
+is answered RspIHitI with no data and no state change (``snoop_rsvd``).
 
 Assumptions: the host keeps its obligations (one snoop per line, no snoop between a read's
 data and its GO, no GO while a snoop to the line is pending). The internal client keeps
@@ -61,7 +76,34 @@ from .cxl_mem import FWD
 HIT_LATENCY = 2
 
 CACHE_EVENTS = ("d2h_req", "snoop", "snoop_hit", "evict_dirty", "evict_clean", "bogus",
-                "go_err", "hit", "miss", "unexpected_fwd")
+                "go_err", "hit", "miss", "unexpected_fwd", "stray", "snoop_rsvd")
+# Uncounted stray messages the ``stray`` event can owe (it pulses once per cycle; H2D Rsp and
+# Data can both bring a stray in one cycle): exact unless this many pile up.
+STRAY_BACKLOG = 15
+
+
+class StrayKind(enum.Enum, shape=2):
+    """Which H2D channel an illegal message came on (CACHE_STRAY_INFO.KIND)."""
+    RSP = 0
+    DATA = 1
+    SNOOP = 2
+
+
+class StrayReason(enum.Enum, shape=2):
+    """Why it was dropped (CACHE_STRAY_INFO.REASON)."""
+    OUT_OF_RANGE = 0     # CQID bits above the tracker count set
+    FREE = 1             # no D2H request outstanding on that CQID
+    WRONG_PHASE = 2      # outstanding, but its flow does not take this message (now)
+    RESERVED_SNOOP = 3   # reserved snoop opcode (answered RspIHitI)
+
+
+StrayInfo = data.StructLayout({
+    "qid": QID_BITS,        # CQID of an H2D Rsp / Data, UQID of a snoop
+    "opcode": 4,            # H2D Rsp or snoop opcode; 0 for data
+    "go_state": 4,          # RspData[3:0] of an H2D Rsp (the GO state)
+    "kind": StrayKind,
+    "reason": StrayReason,
+})
 
 
 class Mesi(enum.Enum, shape=2):
@@ -103,6 +145,11 @@ class CxlCacheAgent(wiring.Component):
             "fwd": In(stream.Signature(FWD)),
             "port": In(cache_port_signature()),
             "events": Out(data.StructLayout({e: 1 for e in CACHE_EVENTS})),
+            # First illegal host message (CSR CACHE_STRAY_INFO): captured while ~stray_held,
+            # with a one-cycle stray_capture pulse that sets the CSR's VALID bit.
+            "stray_info": Out(StrayInfo),
+            "stray_capture": Out(1),
+            "stray_held": In(1),
         })
 
     def elaborate(self, platform):
@@ -141,15 +188,17 @@ class CxlCacheAgent(wiring.Component):
         t_got_go = Array(Signal(name=f"t_got_go{i}") for i in range(n))
         t_evict = Array(Signal(name=f"t_evict{i}") for i in range(n))      # an evict flow
         t_evstate = Array(Signal(Mesi, name=f"t_evstate{i}") for i in range(n))  # evicts
+        t_got_data = Array(Signal(name=f"t_got_data{i}") for i in range(n))
 
         def tmem(name, shape, writers, readers):
             mem_ = memory.Memory(shape=shape, depth=n, init=[])
             m.submodules[name] = mem_
             return ([mem_.write_port() for _ in range(writers)],
                     [mem_.read_port(domain="comb") for _ in range(readers)])
-        static = data.StructLayout({"flow": Flow, "port": 1, "id": 8})   # set at allocation
+        # set at allocation; dirty: an EVICT flow sent DirtyEvict (else CleanEvict)
+        static = data.StructLayout({"flow": Flow, "port": 1, "id": 8, "dirty": 1})
         (st_wr,), (st_r, st_d, st_p, st_f, st_w) = tmem("t_static", static, 1, 5)
-        (gd_alloc, gd_set), (gd_r,) = tmem("t_got_data", 1, 2, 1)
+        (pl_alloc, pl_set), (pl_r,) = tmem("t_pulled", 1, 2, 1)        # a pull arrived
         (sn_alloc, sn_set), (sn_r,) = tmem("t_sent", 1, 2, 1)         # pull data sent
         (go_alloc, go_set), (go_f,) = tmem("t_go", GOState, 2, 1)
         (er_alloc, er_rsp, er_dat), (er_f,) = tmem("t_err", 1, 3, 1)
@@ -202,6 +251,9 @@ class CxlCacheAgent(wiring.Component):
         m.submodules.pull_q = pull_q = fifo.SyncFIFO(width=pull_layout.size, depth=n)
 
         # ------------------------------------------------------------ H2D responses
+        def in_range(qid):         # no CQID bit above the tracker count: never aliased
+            return qid[nb:] == 0 if nb < QID_BITS else Const(1, 1)
+
         rsp = self.h2d_rsp.payload
         r_c = Signal(nb or 1)
         m.d.comb += [r_c.eq(rsp.cqid[:nb or 1]), self.h2d_rsp.ready.eq(1)]
@@ -214,6 +266,36 @@ class CxlCacheAgent(wiring.Component):
         d_fire = self.h2d_data.valid
         m.d.comb += st_d.addr.eq(d_c)
         d_flow = static(st_d.data).flow
+        # Which H2D messages a tracker takes now (its flow and phase); anything else is a
+        # stray: dropped, counted and captured (below), with no effect on any tracker.
+        r_live = Signal()
+        r_takes = Signal()
+        r_ok = Signal()
+        r_go_open = ~t_got_go[r_c]
+        def op_is(*codes):
+            return rsp.opcode.as_value().matches(*(c.value for c in codes))
+        m.d.comb += r_live.eq(in_range(rsp.cqid) & t_valid[r_c])
+        with m.Switch(r_flow):
+            with m.Case(Flow.RD_SHARED, Flow.RD_OWN, Flow.RD_OWN_NO_DATA, Flow.CL_FLUSH, Flow.ACQUIRE):
+                m.d.comb += r_takes.eq(op_is(HRsp.GO) & r_go_open)
+            with m.Case(Flow.WR_INV):          # WritePull, then GO
+                m.d.comb += r_takes.eq((op_is(HRsp.WRITE_PULL) & ~pl_r.data) |
+                                       (op_is(HRsp.GO) & pl_r.data & r_go_open))
+            with m.Case(Flow.ITOM_WR):
+                m.d.comb += r_takes.eq(op_is(HRsp.GO_WRITE_PULL, HRsp.GO_ERR_WRITE_PULL) & r_go_open)
+            with m.Case(Flow.EVICT):           # DirtyEvict: GO_(ERR_)WritePull; CleanEvict: _Drop too
+                m.d.comb += r_takes.eq(r_go_open & (
+                    op_is(HRsp.GO_WRITE_PULL) |
+                    Mux(static(st_r.data).dirty, op_is(HRsp.GO_ERR_WRITE_PULL),
+                        op_is(HRsp.GO_WRITE_PULL_DROP))))
+        m.d.comb += r_ok.eq(r_fire & r_live & r_takes)
+        d_live = Signal()
+        d_ok = Signal()
+        m.d.comb += [
+            d_live.eq(in_range(dat.cqid) & t_valid[d_c]),
+            d_ok.eq(d_fire & d_live & ~t_got_data[d_c] &
+                    ((d_flow == Flow.RD_SHARED) | (d_flow == Flow.RD_OWN) | (d_flow == Flow.RD_CURR))),
+        ]
         # The pull sender (below) sends data for tracker p_c this cycle.
         p_fire = Signal()
         p_c = Signal(nb or 1)
@@ -225,7 +307,7 @@ class CxlCacheAgent(wiring.Component):
         with m.Switch(rsp.opcode):
             with m.Case(HRsp.GO):
                 m.d.comb += r_is_go.eq(1)
-            with m.Case(HRsp.GO_WRITE_PULL, HRsp.GO_ERR_WRITE_PULL, HRsp.FAST_GO_WRITE_PULL):
+            with m.Case(HRsp.GO_WRITE_PULL, HRsp.GO_ERR_WRITE_PULL):
                 m.d.comb += [r_is_go.eq(1), r_is_pull.eq(1)]
             with m.Case(HRsp.WRITE_PULL):
                 m.d.comb += r_is_pull.eq(1)
@@ -235,12 +317,13 @@ class CxlCacheAgent(wiring.Component):
 
         r_complete = Signal()
         m.d.comb += [
-            gd_r.addr.eq(r_c), sn_r.addr.eq(r_c),
+            sn_r.addr.eq(r_c), pl_r.addr.eq(r_c),
             go_set.addr.eq(r_c), go_set.data.eq(r_go_state),
-            go_set.en.eq(r_fire & (rsp.opcode == HRsp.GO)),
-            er_rsp.addr.eq(r_c), er_rsp.data.eq(1), er_rsp.en.eq(r_fire & r_err),
+            go_set.en.eq(r_ok & (rsp.opcode == HRsp.GO)),
+            er_rsp.addr.eq(r_c), er_rsp.data.eq(1), er_rsp.en.eq(r_ok & r_err),
+            pl_set.addr.eq(r_c), pl_set.data.eq(1), pl_set.en.eq(r_ok & r_is_pull),
         ]
-        with m.If(r_fire):
+        with m.If(r_ok):
             with m.If(r_is_go | r_drop):
                 m.d.sync += t_got_go[r_c].eq(1)
             with m.If(r_err):
@@ -248,7 +331,7 @@ class CxlCacheAgent(wiring.Component):
             with m.If((r_is_go | r_drop) & (r_flow == Flow.EVICT)):
                 # The device gives up snoop ownership of an evicted line at the GO.
                 m.d.sync += t_evstate[r_c].eq(Mesi.I)
-            data_here = gd_r.data | (d_fire & (d_c == r_c))
+            data_here = t_got_data[r_c] | (d_ok & (d_c == r_c))
             sent_here = sn_r.data | (p_fire & (p_c == r_c))
             with m.Switch(r_flow):
                 with m.Case(Flow.RD_SHARED, Flow.RD_OWN):
@@ -260,17 +343,17 @@ class CxlCacheAgent(wiring.Component):
                 with m.Case(Flow.EVICT):
                     m.d.comb += r_complete.eq(r_drop)
         m.d.comb += [
-            comp_rsp.w_data.eq(r_c), comp_rsp.w_en.eq(r_fire & r_complete),
-            pull_q.w_data.eq(Cat(r_c, rsp.rsp_data)), pull_q.w_en.eq(r_fire & r_is_pull),
+            comp_rsp.w_data.eq(r_c), comp_rsp.w_en.eq(r_ok & r_complete),
+            pull_q.w_data.eq(Cat(r_c, rsp.rsp_data)), pull_q.w_en.eq(r_ok & r_is_pull),
         ]
 
         # ------------------------------------------------------------ H2D data
         d_complete = Signal()
         m.d.comb += [
-            gd_set.addr.eq(d_c), gd_set.data.eq(1), gd_set.en.eq(d_fire),
-            er_dat.addr.eq(d_c), er_dat.data.eq(1), er_dat.en.eq(d_fire & (dat.poison | dat.go_err)),
+            er_dat.addr.eq(d_c), er_dat.data.eq(1), er_dat.en.eq(d_ok & (dat.poison | dat.go_err)),
         ]
-        with m.If(d_fire):
+        with m.If(d_ok):
+            m.d.sync += t_got_data[d_c].eq(1)
             # If the GO arrives in this same cycle, the response side finishes the flow.
             with m.Switch(d_flow):
                 with m.Case(Flow.RD_CURR):
@@ -278,8 +361,8 @@ class CxlCacheAgent(wiring.Component):
                 with m.Case(Flow.RD_SHARED, Flow.RD_OWN):
                     m.d.comb += d_complete.eq(t_got_go[d_c])
         m.d.comb += [
-            t_wr_h2d.addr.eq(d_c), t_wr_h2d.data.eq(dat.data), t_wr_h2d.en.eq(d_fire),
-            comp_data.w_data.eq(d_c), comp_data.w_en.eq(d_fire & d_complete),
+            t_wr_h2d.addr.eq(d_c), t_wr_h2d.data.eq(dat.data), t_wr_h2d.en.eq(d_ok),
+            comp_data.w_data.eq(d_c), comp_data.w_en.eq(d_ok & d_complete),
         ]
 
         # ------------------------------------------------------------ MemRdFwd / MemWrFwd
@@ -287,7 +370,7 @@ class CxlCacheAgent(wiring.Component):
         fw = self.fwd.payload
         fw_c = Signal(nb or 1)
         m.d.comb += [fw_c.eq(fw.cqid[:nb or 1]), self.fwd.ready.eq(1), st_w.addr.eq(fw_c)]
-        fw_ok = (t_valid[fw_c] & (static(st_w.data).flow == Flow.ACQUIRE) & ~fw.write &
+        fw_ok = (t_valid[fw_c] & ~t_got_go[fw_c] & (static(st_w.data).flow == Flow.ACQUIRE) & ~fw.write &
                  (fw.cqid[nb:] == 0 if nb < len(fw.cqid) else 1))
         m.d.comb += [comp_fwd.w_data.eq(fw_c), comp_fwd.w_en.eq(self.fwd.valid & fw_ok),
                      ev.unexpected_fwd.eq(self.fwd.valid & ~fw_ok)]
@@ -386,7 +469,7 @@ class CxlCacheAgent(wiring.Component):
             with m.If(same & t_evict[i] & (t_evstate[i] != Mesi.I)):
                 m.d.comb += [s_ev.eq(i), s_ev_hit.eq(1)]
         # Wait for a fill whose GO has arrived (also in this very cycle: the GO comes first).
-        go_now = r_fire & (r_is_go | r_drop) & t_fill[r_c] & (t_addr[r_c] == snp.addr)
+        go_now = r_ok & (r_is_go | r_drop) & t_fill[r_c] & (t_addr[r_c] == snp.addr)
         m.d.comb += s_wait.eq(go_now | Cat(t_valid[i] & t_fill[i] & t_got_go[i] & (t_addr[i] == snp.addr)
                                            for i in range(n)).any())
         s_ev_state = Signal(Mesi)
@@ -397,6 +480,7 @@ class CxlCacheAgent(wiring.Component):
         s_rsp = Signal(DRsp)
         s_next = Signal(Mesi)
         s_fwd = Signal()
+        s_rsvd = Signal()
         m.d.comb += s_next.eq(held)
         with m.Switch(snp.opcode):
             with m.Case(Snp.SNP_INV):
@@ -416,7 +500,7 @@ class CxlCacheAgent(wiring.Component):
                         m.d.comb += [s_rsp.eq(DRsp.RSP_S_HIT_SE), s_next.eq(Mesi.S)]
                     with m.Default():
                         m.d.comb += s_rsp.eq(DRsp.RSP_I_HIT_I)
-            with m.Default():          # SnpCur (and reserved codes): current data, no change
+            with m.Case(Snp.SNP_CUR):  # current data, no change
                 with m.Switch(held):
                     with m.Case(Mesi.M):
                         m.d.comb += [s_rsp.eq(DRsp.RSP_V_FWD_V), s_fwd.eq(1)]
@@ -424,6 +508,8 @@ class CxlCacheAgent(wiring.Component):
                         m.d.comb += s_rsp.eq(DRsp.RSP_V_HIT_V)
                     with m.Default():
                         m.d.comb += s_rsp.eq(DRsp.RSP_I_HIT_I)
+            with m.Default():          # reserved opcodes: RspIHitI, no data, no change
+                m.d.comb += [s_rsp.eq(DRsp.RSP_I_HIT_I), s_rsvd.eq(1)]
 
         s_go = self.h2d_req.valid & ~s_wait & rsp_q.w_rdy & fwd_q.w_rdy
         m.d.comb += self.h2d_req.ready.eq(s_go)
@@ -439,7 +525,8 @@ class CxlCacheAgent(wiring.Component):
         s_mutates = Signal()
         m.d.comb += s_mutates.eq(s_go & s_hit & (s_next != s_state))
         with m.If(s_go):
-            m.d.comb += [ev.snoop.eq(1), ev.snoop_hit.eq(held != Mesi.I)]
+            m.d.comb += [ev.snoop.eq(1), ev.snoop_hit.eq((held != Mesi.I) & ~s_rsvd),
+                         ev.snoop_rsvd.eq(s_rsvd)]
             with m.If(s_hit):
                 m.d.sync += c_state[s_slot].eq(s_next)
             with m.Elif(s_ev_hit & (s_next != s_ev_state)):
@@ -557,9 +644,10 @@ class CxlCacheAgent(wiring.Component):
         m.d.comb += [
             new_flow.eq(Mux(do_evict, Flow.EVICT, flow)),
             new_static.flow.eq(new_flow), new_static.port.eq(do_alloc), new_static.id.eq(req.id),
+            new_static.dirty.eq(d2h_opcode == DReq.DIRTY_EVICT),
             st_wr.addr.eq(cqid), st_wr.data.eq(new_static), st_wr.en.eq(alloc),
         ]
-        for wp, value in ((gd_alloc, 0), (sn_alloc, 0), (go_alloc, GOState.I), (er_alloc, 0),
+        for wp, value in ((pl_alloc, 0), (sn_alloc, 0), (go_alloc, GOState.I), (er_alloc, 0),
                           (bg_alloc, 0)):
             m.d.comb += [wp.addr.eq(cqid), wp.data.eq(value), wp.en.eq(alloc)]
         with m.If(alloc):
@@ -569,6 +657,7 @@ class CxlCacheAgent(wiring.Component):
                 t_addr[cqid].eq(Mux(do_evict, victim_addr, req.addr)),
                 t_fill[cqid].eq(do_alloc & needs_fill),
                 t_got_go[cqid].eq(0),
+                t_got_data[cqid].eq(0),
                 # An owned line pushed with new data is dirty now, whatever it was.
                 t_evstate[cqid].eq(Mux(do_alloc & (new_flow == Flow.EVICT), Mesi.M, fe_state)),
             ]
@@ -584,4 +673,38 @@ class CxlCacheAgent(wiring.Component):
             m.d.comb += [c_wr.addr.eq(slot_of(f_addr)), c_wr.data.eq(t_rd_fin.data), c_wr.en.eq(1)]
         with m.Elif(do_local & (op == CacheOp.WRITE)):
             m.d.comb += [c_wr.addr.eq(fe_slot), c_wr.data.eq(req.data), c_wr.en.eq(1)]
+
+        # ------------------------------------------------------------ illegal host messages
+        # Dropped above (r_ok / d_ok gate every effect); here counted and the first captured.
+        r_stray = r_fire & ~r_ok
+        d_stray = d_fire & ~d_ok
+        s_stray = s_go & s_rsvd
+
+        def reason(qid, c):
+            return Mux(~in_range(qid), StrayReason.OUT_OF_RANGE,
+                       Mux(~t_valid[c], StrayReason.FREE, StrayReason.WRONG_PHASE))
+        info_now = Signal(StrayInfo)
+        with m.If(r_stray):
+            m.d.comb += [info_now.kind.eq(StrayKind.RSP), info_now.qid.eq(rsp.cqid),
+                         info_now.opcode.eq(rsp.opcode), info_now.go_state.eq(rsp.rsp_data[:4]),
+                         info_now.reason.eq(reason(rsp.cqid, r_c))]
+        with m.Elif(d_stray):
+            m.d.comb += [info_now.kind.eq(StrayKind.DATA), info_now.qid.eq(dat.cqid),
+                         info_now.reason.eq(reason(dat.cqid, d_c))]
+        with m.Else():
+            m.d.comb += [info_now.kind.eq(StrayKind.SNOOP), info_now.qid.eq(snp.uqid),
+                         info_now.opcode.eq(snp.opcode), info_now.reason.eq(StrayReason.RESERVED_SNOOP)]
+        info_q = Signal(StrayInfo)
+        capture = Signal()
+        m.d.comb += [capture.eq((r_stray | d_stray | s_stray) & ~self.stray_held),
+                     self.stray_capture.eq(capture), self.stray_info.eq(info_q)]
+        with m.If(capture):
+            m.d.sync += info_q.eq(info_now)
+        # One counter pulse per cycle; a second stray in the same cycle waits in the backlog.
+        backlog = Signal(range(STRAY_BACKLOG + 1))
+        owed = Signal(range(STRAY_BACKLOG + 3))
+        rest = Signal(range(STRAY_BACKLOG + 3))
+        m.d.comb += [owed.eq(backlog + r_stray + d_stray), ev.stray.eq(owed != 0),
+                     rest.eq(owed - (owed != 0))]
+        m.d.sync += backlog.eq(Mux(rest > STRAY_BACKLOG, STRAY_BACKLOG, rest))
         return m

@@ -14,6 +14,8 @@
 - ``on_cycle``: optional ``callable(cycle)`` run in each step after the transfers have been
   reported and before the next cycle is driven (a client's per-cycle work, e.g. releasing
   delayed messages, without a coroutine of its own).
+- ``hold``: names of rx channels whose ready is held low (no transfer) until removed; draws
+  for them are still made, so holding does not shift the rng sequence of a run.
 - ``start()`` / ``stop()``; ``error`` holds the exception that stopped the step (the step
   runs in a simulator callback where an exception cannot reach the test); ``enabled =
   False`` keeps sampling but stops driving; ``pending`` counts queued tx messages.
@@ -96,6 +98,7 @@ class LinkDriver:
         self.listeners: list = []
         self.on_cycle = None
         self.enabled = True
+        self.hold: set[str] = set()
         self.error: Exception | None = None
 
         def h(name):
@@ -222,8 +225,11 @@ class LinkDriver:
                     ch.valid_out = 0
         bp = self.backpressure
         rng = self.rng
+        hold = self.hold
         for ch in self._rx_list:
             ready = (0 if rng.random() < bp else 1) if bp else 1
+            if hold and ch.name in hold:
+                ready = 0
             if ready != ch.ready_out:
                 ch.h_ready.set_signal_val_int(0, ready)
                 ch.ready_out = ready

@@ -13,7 +13,11 @@ Listener interface (fields are the plain dicts ``StructCodec(layout).unpack`` pr
 Messages are judged in call order. Messages of one cycle on different channels must be given
 in the order the device sees them (the monitor cannot reorder them).
 
-State: ``violations`` ("cycle N: what, which line/CQID/UQID"), ``messages`` (CXL.cache messages
+State: ``violations`` ("cycle N: what, which line/CQID/UQID"); ``host_violations``, the subset
+the host caused (an H2D message for no live CQID or in the wrong phase, a reserved snoop opcode, a
+broken host obligation, a bad Mem*Fwd, a request never answered), and ``device_violations``, the
+rest (a test that injects illegal host messages expects exactly its own in ``host_violations``
+and none in ``device_violations``); ``messages`` (CXL.cache messages
 plus Mem*Fwd seen), ``outstanding`` (live D2H requests + pending snoops + D2H data still owed),
 ``device_bias_lines`` (lines flipped to device bias: a MemRdFwd completed a RdOwnNoData; the set
 only grows, because a flip back is not visible on these channels), and ``coherence``, whose
@@ -34,7 +38,9 @@ Checks, with the reference rows they come from ("ref" = cxl-reference.md):
    GO_WritePull or GO_ERR_WritePull; CleanEvict GO_WritePull or GO_WritePull_Drop; DirtyEvict
    GO_WritePull or GO_ERR_WritePull; CleanEvictNoData GO-I; WOWrInv(F) Fast_GO_WritePull (or
    GO_ERR_WritePull) then ExtCmp; WrInv WritePull then GO-I (or GO-Err). Any other response
-   opcode (including Fast_GO, reserved in CXL 3.2) is a violation. Each pull (WritePull,
+   opcode (including Fast_GO, reserved in CXL 3.2) is a violation. A response or data the
+   device must drop (unknown CQID, wrong opcode, a second GO, pull or data, WrInv's GO before
+   its pull) is reported once and not applied, so the tracked state stays the device's. Each pull (WritePull,
    GO_WritePull, Fast_GO_WritePull, GO_ERR_WritePull) is owed exactly one D2H data message to
    the UQID in its RspData, error pulls included (the host drops that data); data after
    GO_WritePull_Drop or for CleanEvictNoData answers no pull and is flagged. Order: WrInv's GO
@@ -98,10 +104,13 @@ Interpretations where the reference is open (the permissive reading unless noted
   than "wait for earlier reads' GOs", and written so in the reference): a read issued while an
   evict or CLFlush to its line waits for its GO is flagged.
 - Bogus is never required, only allowed; Bogus on data other than evict data is not checked.
-- An evict request that arrives after a snoop answer that changed its line (and before any
-  new grant of the line) is accepted as a crossing, judged by the state before the snoop:
-  the device issued it before the snoop came, and D2H Req and Rsp are separate channels. Its
-  data may then be Bogus.
+- An evict request that arrives after snoop answers that changed its line (and before any
+  new grant of the line or any other D2H request to it) is accepted as a crossing, judged by
+  the state before the first of those snoops: the device may have queued it before the snoops
+  came (D2H Req held not ready across several of them), and D2H Req and Rsp are separate
+  channels. Its data may then be Bogus.
+- A reserved snoop opcode is a host error; the answer expected is this project's defined one,
+  RspIHitI with no data and no state change (anything else is a device violation).
 - RspVHitV and RspVFwdV (SnpCur only) are accepted for any held state, M included.
 - Multiple RdOwnNoData are accepted anywhere, not only to device memory.
 - GO-Err is accepted for WrInv (the table lists only GO-I there).
@@ -189,7 +198,7 @@ _GO_BIT = {op: (_NEED_GO if need & _NEED_GO else _NEED_PULL if need & _NEED_PULL
 # Snoops (ref §2, CXL 3.2 Table 3-26).
 _SNP_INV = HQ.SNP_INV.value
 _LEGAL_RSP = {snp.value: frozenset(r.value for r in rsps) for snp, rsps in LEGAL_SNOOP_RESPONSES.items()}
-_ANY_RSP = _LEGAL_RSP[HQ.SNP_CUR.value]
+_RSP_I_HIT_I = DR.RSP_I_HIT_I.value
 _FWD_RSP = frozenset(r.value for r in FORWARDING_RESPONSES)
 # Snoop answer -> (tracked states it fits, state afterwards or None = unchanged).
 _HELD = frozenset({_S, _E, _M})
@@ -271,6 +280,7 @@ class CxlCacheMonitor:
         self._hdm_lo, self._hdm_hi = ((device_hdm[0], device_hdm[0] + device_hdm[1])
                                       if device_hdm is not None else (0, 0))
         self.violations: list[str] = []
+        self.host_violations: list[str] = []          # the subset the host caused (see docstring)
         self.messages = 0
         self.device_bias_lines: set[int] = set()
         self._state: dict[int, int] = {}              # line -> tracked state (absent = I)
@@ -289,8 +299,19 @@ class CxlCacheMonitor:
     def outstanding(self) -> int:
         return len(self._live) + len(self._snoop_uqid) + len(self._owed)
 
+    @property
+    def device_violations(self) -> list[str]:
+        """The violations the device caused (``violations`` minus ``host_violations``)."""
+        host = set(map(id, self.host_violations))
+        return [v for v in self.violations if id(v) not in host]
+
     def _violation(self, cycle: int, text: str) -> None:
         self.violations.append(f"cycle {cycle}: {text}")
+
+    def _host_violation(self, cycle: int, text: str) -> None:
+        """A rule the host broke (a stray, duplicate or reserved H2D message, a host obligation)."""
+        self._violation(cycle, text)
+        self.host_violations.append(self.violations[-1])
 
     # ---- listeners
     def on_d2h(self, cycle: int, kind: str, fields: dict) -> None:
@@ -345,6 +366,10 @@ class CxlCacheMonitor:
             self._live[cqid] = req
             return
         reqs = self._line_reqs.get(line)
+        if op not in _EVICTS:
+            # D2H Req is one ordered channel: an evict queued before a snoop took the line would
+            # have come before this request, so no crossing evict of the line can follow it.
+            self._dropped_at.pop(line, None)
         if op in _EVICTS:
             self._check_evict(cycle, req, reqs or ())
         elif op in _SERIALIZED_READS and reqs:
@@ -370,10 +395,12 @@ class CxlCacheMonitor:
                 return
         state = self._state.get(line, _I)
         if line in self._dropped_at:
-            # The evict crossed the snoop answer that changed the line: the device issued it
-            # before the snoop arrived, but D2H Req and Rsp are separate channels, so the host
-            # may see it later. Legal, judged by the state the device held before the snoop;
-            # its pull data may then be Bogus. Once only: a second evict is a duplicate.
+            # The evict crossed the snoop answers that changed the line: the device issued it
+            # before the snoops arrived, but D2H Req and Rsp are separate channels, so the host
+            # may see it later (after several snoops, if D2H Req is held not ready). Legal,
+            # judged by the state the device held before the first of them (the state when the
+            # evict was queued); its pull data may then be Bogus. Once only: a second evict is
+            # a duplicate.
             state = self._dropped_at.pop(line)
             req.bogus_ok = True
         if state == _I:
@@ -410,7 +437,17 @@ class CxlCacheMonitor:
         granted = snp.state
         before = self._state.get(line, _I)
         fits, after = _RSP_STATE.get(op, (None, None))
-        if op not in _LEGAL_RSP.get(snp.op, _ANY_RSP):
+        if snp.op not in _LEGAL_RSP:
+            # A reserved snoop opcode (flagged as a host error when it came): this project's
+            # device answers RspIHitI and changes nothing (README, CXL.cache agent).
+            if op != _RSP_I_HIT_I:
+                self._violation(cycle, f"{_name(_D2H_RSP, op)} answers {snp}: a reserved snoop is "
+                                       f"answered RspIHitI with no state change")
+            elif snp.early_data:
+                self._violation(cycle, f"D2H data for {snp}, answered RSP_I_HIT_I: only *Fwd* "
+                                       f"answers carry data")
+            return
+        if op not in _LEGAL_RSP[snp.op]:
             self._violation(cycle, f"{_name(_D2H_RSP, op)} is not a legal answer to {snp} (Table 3-26)")
         elif granted not in fits:
             why = (" (GO-M dropped silently)" if granted == _M else
@@ -425,9 +462,10 @@ class CxlCacheMonitor:
                     if t.op in _EVICTS and t.need & _NEED_PULL:
                         t.bogus_ok = True
             if new != before:
-                # Remember what the snoop took: an evict the device issued before the snoop
-                # came may still arrive (a crossing), judged against the state before it.
-                self._dropped_at[line] = before
+                # Remember what the first snoop since the last grant took: an evict the device
+                # issued before it may still arrive (a crossing), judged against the state
+                # before it, however many snoops changed the line meanwhile.
+                self._dropped_at.setdefault(line, before)
                 if new == _I:
                     del self._state[line]
                 else:
@@ -470,19 +508,19 @@ class CxlCacheMonitor:
         op, line, uqid = f["opcode"], f["addr"], f["uqid"]
         snp = _Snoop(op, line, uqid, cycle, self._state.get(line, _I))
         if op not in _LEGAL_RSP:
-            self._violation(cycle, f"snoop with reserved opcode {op:#x} UQID {uqid:#x} line {line:#x}")
+            self._host_violation(cycle, f"snoop with reserved opcode {op:#x} UQID {uqid:#x} line {line:#x}")
         other = self._snoop_line.get(line)
         if other is not None:
-            self._violation(cycle, f"{snp} sent while {other} is pending (one snoop per line)")
+            self._host_violation(cycle, f"{snp} sent while {other} is pending (one snoop per line)")
         older = self._snoop_uqid.get(uqid)
         if older is not None:
             # Answers carry only the UQID, so the older snoop can no longer be matched: forget it.
-            self._violation(cycle, f"{snp} reuses the UQID of pending {older}")
+            self._host_violation(cycle, f"{snp} reuses the UQID of pending {older}")
             if self._snoop_line.get(older.line) is older:
                 del self._snoop_line[older.line]
         for t in self._line_reqs.get(line, ()):
             if t.op in _READS_WITH_GO and t.need & _NEED_GO and not t.need & _NEED_DATA:
-                self._violation(cycle, f"{snp} sent between the H2D data and the GO of {t}")
+                self._host_violation(cycle, f"{snp} sent between the H2D data and the GO of {t}")
                 break
         self._snoop_line[line] = snp
         self._snoop_uqid[uqid] = snp
@@ -490,9 +528,9 @@ class CxlCacheMonitor:
     def _late(self, cycle, what, cqid):
         done = self._retired.get(cqid)
         if done is not None:
-            self._violation(cycle, f"{what} for CQID {cqid:#x} after {done} completed")
+            self._host_violation(cycle, f"{what} for CQID {cqid:#x} after {done} completed")
         else:
-            self._violation(cycle, f"{what} for CQID {cqid:#x}, which no live D2H request has")
+            self._host_violation(cycle, f"{what} for CQID {cqid:#x}, which no live D2H request has")
 
     def _h2d_rsp(self, cycle, f):
         op, cqid = f["opcode"], f["cqid"]
@@ -501,37 +539,39 @@ class CxlCacheMonitor:
             self._late(cycle, _name(_H2D_RSP, op), cqid)
             return
         if op not in req.rsp_ok:
-            self._violation(cycle, f"{_name(_H2D_RSP, op)} is not an answer to {req} (Table 3-22)")
+            self._host_violation(cycle, f"{_name(_H2D_RSP, op)} is not an answer to {req} (Table 3-22)")
             return
         line = req.line
         if req.op != _CACHE_FLUSHED:
             snp = self._snoop_line.get(line)
             if snp is not None:
                 if op in _GO_CARRYING:
-                    self._violation(cycle, f"{_H2D_RSP[op]} for {req} while {snp} is pending "
-                                           f"(no GO while a snoop is pending)")
+                    self._host_violation(cycle, f"{_H2D_RSP[op]} for {req} while {snp} is pending "
+                                                f"(no GO while a snoop is pending)")
                 elif op == _WRITE_PULL:
-                    self._violation(cycle, f"WRITE_PULL for {req} while {snp} is pending "
-                                           f"(no WritePull concurrent with a snoop)")
+                    self._host_violation(cycle, f"WRITE_PULL for {req} while {snp} is pending "
+                                                f"(no WritePull concurrent with a snoop)")
         need = req.need
         if op == _GO:
             if not need & _NEED_GO:
-                self._violation(cycle, f"second GO for {req}")
+                self._host_violation(cycle, f"second GO for {req}")
                 return
             if need & _NEED_PULL:
-                self._violation(cycle, f"GO for {req} before its WritePull")
+                # Not applied: the device must drop it (a WrInv takes its GO only after the pull).
+                self._host_violation(cycle, f"GO for {req} before its WritePull")
+                return
             go = f["rsp_data"] & 0xF
             if go not in req.go_ok:
-                self._violation(cycle, f"GO-{_name(_GO_NAME, go)} is not a grant for {req} (Table 3-22)")
+                self._host_violation(cycle, f"GO-{_name(_GO_NAME, go)} is not a grant for {req} (Table 3-22)")
             req.need = need & ~_NEED_GO
             self._granted(cycle, req, _GO_GRANTS.get(go, _I))
         elif op == _EXT_CMP:
             if need & _NEED_PULL:
-                self._violation(cycle, f"EXT_CMP for {req} before its pull")
+                self._host_violation(cycle, f"EXT_CMP for {req} before its pull")
             req.need = need & ~(_NEED_EXTCMP | _NEED_PULL)
         else:                                   # a pull or GO_WritePull_Drop
             if not need & _NEED_PULL:
-                self._violation(cycle, f"second pull {_H2D_RSP[op]} for {req}")
+                self._host_violation(cycle, f"second pull {_H2D_RSP[op]} for {req}")
                 return
             req.need = need & ~_NEED_PULL
             uqid = f["rsp_data"]
@@ -551,9 +591,9 @@ class CxlCacheMonitor:
         if req is None:
             self._late(cycle, "H2D data", cqid)
         elif not req.plan_need & _NEED_DATA:
-            self._violation(cycle, f"H2D data for {req}, which gets no data")
+            self._host_violation(cycle, f"H2D data for {req}, which gets no data")
         elif not req.need & _NEED_DATA:
-            self._violation(cycle, f"second H2D data for {req} (exactly one line)")
+            self._host_violation(cycle, f"second H2D data for {req} (exactly one line)")
         else:
             req.need &= ~_NEED_DATA
             if req.need == 0:
@@ -565,19 +605,19 @@ class CxlCacheMonitor:
         name = "MEM_RD_FWD" if op == _MEM_RD_FWD else "MEM_WR_FWD"
         req = self._live.get(tag)
         if req is None:
-            self._violation(cycle, f"{name} Tag {tag:#x} line {line:#x} matches no live D2H request CQID")
+            self._host_violation(cycle, f"{name} Tag {tag:#x} line {line:#x} matches no live D2H request CQID")
             return
         if req.line != line:
-            self._violation(cycle, f"{name} Tag {tag:#x} for line {line:#x} but {req} is for another line")
+            self._host_violation(cycle, f"{name} Tag {tag:#x} for line {line:#x} but {req} is for another line")
             return
         if op == _MEM_RD_FWD and req.op not in _RD_FWD_COMPLETES or \
                 op == _MEM_WR_FWD and req.op not in _WR_FWD_COMPLETES:
-            self._violation(cycle, f"{name} Tag {tag:#x} does not complete {req}")
+            self._host_violation(cycle, f"{name} Tag {tag:#x} does not complete {req}")
             return
         if self.device_hdm is not None and not self._hdm_lo <= line < self._hdm_hi:
-            self._violation(cycle, f"{name} Tag {tag:#x} for {req}, a line outside the device memory")
+            self._host_violation(cycle, f"{name} Tag {tag:#x} for {req}, a line outside the device memory")
         if req.need != req.plan_need:
-            self._violation(cycle, f"{name} Tag {tag:#x} completes {req}, which already got H2D answers")
+            self._host_violation(cycle, f"{name} Tag {tag:#x} completes {req}, which already got H2D answers")
         req.need = 0
         if op == _MEM_RD_FWD:
             rop = req.op
@@ -625,8 +665,8 @@ class CxlCacheMonitor:
     def _owe(self, cycle, uqid, owed):
         prev = self._owed.get(uqid)
         if prev is not None:
-            self._violation(cycle, f"{owed.what} reuses UQID {uqid:#x} while data is still owed to "
-                                   f"{prev.what}")
+            self._host_violation(cycle, f"{owed.what} reuses UQID {uqid:#x} while data is still owed to "
+                                        f"{prev.what}")
         self._owed[uqid] = owed
 
     def _remove(self, req):
@@ -645,7 +685,7 @@ class CxlCacheMonitor:
         """Report every transaction still open, then close them all."""
         for req in self._live.values():
             missing = "+".join(n for bit, n in _NEED_NAMES if req.need & bit)
-            self._violation(cycle, f"{req} never got {missing}")
+            self._host_violation(cycle, f"{req} never got {missing}")
         for snp in self._snoop_uqid.values():
             self._violation(cycle, f"{snp} never answered")
         for uqid, owed in self._owed.items():

@@ -56,8 +56,10 @@ class ScriptedHost:
         self.link.send("h2d_data", {"cqid": cqid, "chunk_valid": 1, "poison": poison,
                                     "go_err": go_err, "data": value})
 
-    def snoop(self, opcode: Snp, line, uqid):
-        self.link.send("h2d_req", {"opcode": opcode.value, "addr": line, "uqid": uqid})
+    def snoop(self, opcode: Snp | int, line, uqid):
+        """A snoop; ``opcode`` may be a raw int (a reserved value)."""
+        self.link.send("h2d_req", {"opcode": int(getattr(opcode, "value", opcode)), "addr": line,
+                                   "uqid": uqid})
 
 
 class Bench:
@@ -97,10 +99,19 @@ class Bench:
     async def quiet(self, cycles=64):
         await Timer(cycles * CLOCK_PERIOD_NS, unit="ns")
 
-    def finish(self):
-        assert self.host.link.error is None and self.client.link.error is None
+    def check_links(self):
+        for drv in (self.host.link, self.client.link):
+            if drv.error is not None:
+                raise drv.error
+
+    def finish(self, host_errors: int = 0):
+        """Close the monitor: no device violation, and exactly ``host_errors`` host violations
+        (the illegal host messages a test injected on purpose)."""
+        self.check_links()
         self.monitor.finish(self.host.link.cycle)
-        assert not self.monitor.violations, "\n".join(self.monitor.violations[:10])
+        dev, host = self.monitor.device_violations, self.monitor.host_violations
+        assert not dev and len(host) == host_errors, \
+            f"{len(host)} host violations, {host_errors} injected:\n" + "\n".join(self.monitor.violations[:12])
 
 
 async def setup(dut) -> Bench:
