@@ -351,7 +351,8 @@ _MAP = (
            "Media AXI error responses (SLVERR/DECERR) to CXL.mem reads and writes; NDP engines report "
            "theirs in their completion (NdpError.MEDIA).", sets=_ERR),
     _whole("ERR_CACHE_GO", 0x070, Access.COUNTER,
-           "CXL.cache GO-Err, GO_ERR_WritePull or poisoned H2D data received.", sets=_ERR),
+           "CXL.cache GO-Err, GO_ERR_WritePull or poisoned H2D data taken by an outstanding request "
+           "(dropped strays count in ERR_CACHE_STRAY only).", sets=_ERR),
     # CXL.cache illegal host messages (issue 20; hw/cxl_controller/cxl_cache.py)
     _whole("ERR_CACHE_STRAY", 0x074, Access.COUNTER,
            "CXL.cache H2D responses and data dropped (CQID out of range, not outstanding, or in "
