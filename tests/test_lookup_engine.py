@@ -32,13 +32,22 @@ def _lines_of_u32(values) -> list[int]:
 def _case(rng: np.random.Generator, bad: str | None = None):
     specs = [(37, 16, "sum"), (20, 32, "mean"), (11, 16, "weighted_sum")]
     B = 3
+    if bad == "one_line":                   # one bag, one dim-16 row: a single pooled line
+        specs, B = [(37, 16, "sum")], 1
     tables = [rng.standard_normal((rows, dim)).astype(np.float32) for rows, dim, _ in specs]
-    lengths = rng.integers(0, 5, size=len(specs) * B)
+    lengths = rng.integers(1 if bad == "one_line" else 0, 5, size=len(specs) * B)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint32)
     indices = np.concatenate([rng.integers(0, specs[i // B][0], size=n) for i, n in enumerate(lengths)]
                              ).astype(np.uint32)
     weights = rng.standard_normal(indices.size).astype(np.float32)
     index_count = indices.size
+    if bad == "last_empty":                 # the command ends with an EMPTY item
+        lengths[-3:] = [1, 0, 0]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint32)
+        indices = np.concatenate([rng.integers(0, specs[i // B][0], size=n) for i, n in enumerate(lengths)]
+                                 ).astype(np.uint32)
+        weights = rng.standard_normal(indices.size).astype(np.float32)
+        index_count = indices.size
     if bad == "nonfinite":
         # Every empty bag's offsets[b] points at the next bag's first weight (or past the end):
         # make those weights non-finite; the empty bag must still pool to +0.0.
@@ -88,7 +97,7 @@ def _case(rng: np.random.Generator, bad: str | None = None):
                     "indices_addr": layout["indices"], "weights_addr": layout["weights"],
                     "out_addr": layout["out"], "row_pitch_lines": pitch, "lr": 0, "index_count": index_count})
     golden = None
-    if bad in (None, "nonfinite"):
+    if bad in (None, "nonfinite", "last_empty", "one_line"):
         golden = tbe_forward(tables, offsets, indices[:index_count], [m for _, _, m in specs], B,
                              weights[:index_count])
     return mem, cmd, [TBL.unpack(mem[layout["tables"] + t]) for t in range(len(specs))], golden, layout, specs
@@ -144,17 +153,24 @@ def _run(seed: int, bad: str | None = None, to_host: bool = False):
                     addr = ctx.get(port.req.payload.addr)
                     assert addr < CAP
                     if ctx.get(port.req.payload.write):
+                        result["writes"] = result.get("writes", 0) + 1
                         mem[addr] = ctx.get(port.req.payload.data)
                         pending[p].append((cycle + prng.randint(3, 20), "wr_rsp", ctx.get(port.req.payload.ctx), addr))
                     else:
                         pending[p].append((cycle + prng.randint(3, 20), "rd_rsp", ctx.get(port.req.payload.ctx), addr))
             if ctx.get(preq.valid) and ctx.get(preq.ready):
                 pushed[ctx.get(preq.payload.addr)] = ctx.get(preq.payload.data)
+                result["pushes"] = result.get("pushes", 0) + 1
                 push_pending.append((cycle + prng.randint(3, 20), ctx.get(preq.payload.id)))
             if ctx.get(dut.ctl.done):
                 result["error"] = NdpError(ctx.get(dut.ctl.error))
                 result["info"] = ctx.get(dut.ctl.error_info)
                 result["lookups"] = ctx.get(dut.ctl.stats.lookups)
+                result["lines_pushed"] = ctx.get(dut.ctl.stats.lines_pushed)
+                result["lines_written"] = ctx.get(dut.ctl.stats.lines_written)
+                result["writes_acked"] = result.get("writes", 0) - sum(
+                    1 for q in pending for e in q if e[1] == "wr_rsp")
+                result["pushes_acked"] = result.get("pushes", 0) - len(push_pending)
                 result["cycles"] = cycle
                 return
             await ctx.tick()
@@ -175,7 +191,7 @@ def _as_bits(a):
     return bits
 
 
-@pytest.mark.parametrize("case", [None, "nonfinite"])
+@pytest.mark.parametrize("case", [None, "nonfinite", "last_empty", "one_line"])
 @pytest.mark.parametrize("to_host", [False, True])
 def test_lookup_matches_golden(to_host, case):
     """Bit-exact with tbe_forward. ``nonfinite``: empty bags (SUM, MEAN, WEIGHTED_SUM tables)
@@ -187,6 +203,12 @@ def test_lookup_matches_golden(to_host, case):
     print(result)
     assert result["error"] == NdpError.OK, result
     pitch = sum(dim // 16 for _, dim, _ in specs)
+    # done only after every pooled line went out and was acknowledged (durable / pushed)
+    lines = golden[0].shape[0] * pitch
+    if to_host:
+        assert result["lines_pushed"] == result["pushes_acked"] == lines, result
+    else:
+        assert result["lines_written"] == result["writes_acked"] == lines, result
     col = 0
     for t, (_, dim, _) in enumerate(specs):
         dl = dim // 16

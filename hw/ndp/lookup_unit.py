@@ -267,6 +267,9 @@ class LookupUnit(wiring.Component):
         with m.If(self.clear):
             m.d.sync += [self.media_error.eq(0), self.cache_error.eq(0)]
 
+        # out_fifo.level, not r_rdy: a line written into the buffered FIFO spends a cycle in
+        # its storage before r_rdy rises, and in that cycle the unit must not look idle (the
+        # command would complete before its last pooled line is written or pushed).
         m.d.comb += self.idle.eq(~valid_of[0] & ~valid_of[1] & (head == tail) & (hist_valid == 0) & ~o_valid &
-                                 ~out_fifo.r_rdy & (writes_out == 0) & (pushes_out == 0))
+                                 (out_fifo.level == 0) & (writes_out == 0) & (pushes_out == 0))
         return m
