@@ -4,6 +4,7 @@
                     [--rows-cap R] [--batch-size B] [--alpha A] [--pooling fixed|uniform|normal]
                     [--empty-prob p] [--duplicates | --no-duplicates] [--reuse f] [--weights | --no-weights]
   trainingcxl trace import --format fbgemm-pt|criteo-tsv IN -o OUT.npz ...   (tools/trace_import_cmd.py)
+  trainingcxl trace stats FILE [--json OUT]                                   (tools/trace_stats_cmd.py)
 
 ``add_trace_parser(subparsers)`` registers the subcommand (its handler is ``cmd_trace``);
 ``cmd_trace(args)`` prints the seed first (a run without --seed draws one, so it can be
@@ -30,7 +31,7 @@ def cmd_trace(args) -> int:
     missing = [flag for flag, value in (("--preset", args.preset), ("--batches", args.batches),
                                         ("-o", args.output)) if value is None]
     if missing:
-        print(f"error: trace needs {', '.join(missing)} (or a subcommand: import)", file=sys.stderr)
+        print(f"error: trace needs {', '.join(missing)} (or a subcommand: import, stats)", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"seed {seed}", flush=True)
@@ -80,7 +81,9 @@ def add_trace_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--weights", action=argparse.BooleanOptionalAction, default=None,
                    help="store per-index weights (default: iff a table pools weighted_sum)")
     p.set_defaults(func=cmd_trace)
-    sub = p.add_subparsers(dest="trace_command", metavar="{import}")
+    sub = p.add_subparsers(dest="trace_command", metavar="{import,stats}")
     from tools.trace_import_cmd import add_import_parser
+    from tools.trace_stats_cmd import add_stats_parser
     add_import_parser(sub)
+    add_stats_parser(sub)
     return p
