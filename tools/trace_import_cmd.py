@@ -56,9 +56,11 @@ def cmd_import(args) -> int:
     trace = read_trace(out)
     s, org = summarize(trace), manifest["origin"]
     rows = sum(t["rows"] for t in manifest["tables"])
+    unused = org["samples_unused"]
+    rest = "the rest not read" if unused is None else f"{unused} dropped"
     print(f"{org['format']} {org['file']} (sha256 {org['sha256'][:16]}..., {org['bytes']} bytes): "
           f"{s['tables']} tables ({rows} rows in all), batch {s['batch_size']}, {s['batches']} batches, "
-          f"{org['samples']} samples used, {org['samples_unused']} dropped")
+          f"{org['samples']} samples used, {rest}")
     print(f"lookups {s['lookups']}, unique rows {s['unique_rows']} "
           f"({100 * s['unique_share_per_batch']:.1f}% of lookups unique per batch), empty bags {s['empty_bags']}; "
           f"generated from seed {manifest['seed']}: {', '.join(org['generated']) or 'nothing'}")
