@@ -166,3 +166,12 @@ def test_crash_trace_requests_are_checked(criteo_trace, tmp_path, capsys):
         err = capsys.readouterr().err
         assert msg in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "c.json").exists()
+
+
+def test_every_eval_result_carries_the_command_trace_source():
+    from tools.eval_cmd import compose_all
+    src = {"kind": "file", "file": "c.npz", "sha256": "ab" * 32, "origin": "criteo-tsv"}
+    runs = {"kaggle": {"exact": {"verified": False, "error": "x", "trace_source": {"kind": "file"}}}}
+    out = compose_all(runs, ["kaggle"], ["pmem", "cxl-d"], {"trace_sources": {"kaggle": src}})
+    assert [r["trace_source"] for r in out["results"]] == [src, src]
+    assert out["meta"]["trace_sources"] == {"kaggle": src}

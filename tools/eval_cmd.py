@@ -267,8 +267,11 @@ NOTES = [
 def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict) -> dict:
     from sim.model.system_params import describe
     results = []
+    sources = meta.get("trace_sources") or {}
     for model in models:
         results += compose_model(model, configs, runs[model])
+    for r in results:           # the command's record (file and input hashes) over the bench's short one
+        r["trace_source"] = sources.get(r["model"]) or r.get("trace_source")
     clock = next((r.get("clock_mhz") for r in results if r.get("clock_mhz")), 500)
     return {"results": results,
             "meta": {**meta, "models": models, "configs": configs, "clock_mhz": clock, "paper": PAPER,

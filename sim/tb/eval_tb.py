@@ -63,7 +63,7 @@ async def training_eval(dut):
         trace = read_trace(os.environ["TCXL_EVAL_TRACE"])
         org = trace.manifest.get("origin")
         source = {"kind": "file", "origin": org["format"] if org else "generated",
-                  "sha256": org["sha256"] if org else None}
+                  "origin_sha256": org["sha256"] if org else None}
     else:
         trace = generate_trace(get_preset(model), batches, env.seed, knobs)
         source = {"kind": "preset", "preset": model, "seed": env.seed}
