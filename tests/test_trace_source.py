@@ -175,3 +175,15 @@ def test_every_eval_result_carries_the_command_trace_source():
     out = compose_all(runs, ["kaggle"], ["pmem", "cxl-d"], {"trace_sources": {"kaggle": src}})
     assert [r["trace_source"] for r in out["results"]] == [src, src]
     assert out["meta"]["trace_sources"] == {"kaggle": src}
+
+
+def test_eval_trace_whose_rows_do_not_fit_names_rows(tmp_path):
+    from tools.eval_cmd import EvalError, bind_traces, check_fits, check_request
+    src = tmp_path / "c.txt"
+    src.write_text("".join(criteo_lines(8, 1)))
+    big = write_trace(tmp_path / "big.npz", import_criteo(src, preset="kaggle", batch_size=4))   # Kaggle rows
+    args = _eval_args(trace=str(big))
+    models, _ = check_request(args)
+    bind_traces(args, models, tmp_path)
+    with pytest.raises(EvalError, match=r"^--trace: rows: \d+ rows \([\d.]+ MiB of tables\) do not fit the device"):
+        check_fits("kaggle", args)
