@@ -284,3 +284,11 @@ def test_manifest_origin_is_validated(tmp_path):
     del gen["origin"]
     with pytest.raises(TraceFormatError, match="alpha = None"):
         validate_manifest(gen)
+
+
+def test_unwritable_output_is_one_line(tmp_path, capsys):
+    src = tmp_path / "t.txt"
+    src.write_text(line() * 2)
+    code, cap = run(["trace", "import", "--format", "criteo-tsv", str(src), "-o", str(tmp_path / "no" / "o.npz"),
+                     "--batch-size", "2"], capsys)
+    assert code == 2 and "cannot write" in cap.err and len(cap.err.strip().splitlines()) == 1

@@ -52,6 +52,9 @@ def cmd_import(args) -> int:
     except ValueError as e:          # TraceImportError, TraceFormatError, unknown preset
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:             # the output cannot be written (the input's faults are ValueErrors)
+        print(f"error: {out}: cannot write ({e.strerror or e})", file=sys.stderr)
+        return 2
     elapsed = time.perf_counter() - start
     trace = read_trace(out)
     s, org = summarize(trace), manifest["origin"]

@@ -30,8 +30,9 @@ Members:
                   "generated": the arrays drawn from ``seed`` because the file lacks them
                   (e.g. ["dense", "labels"]), plus importer facts (samples used, ...)}.
                   There ``preset`` names the preset that gave the MLP widths, optimizer and
-                  defaults, the tables' ``pooling`` is the measured bag-length summary, and
-                  ``alpha`` is null (unknown; ``trainingcxl trace stats`` fits it).
+                  defaults, the tables' ``pooling`` is the measured bag-length summary,
+                  ``alpha`` is null (unknown; ``trainingcxl trace stats`` fits it), and each
+                  table has ``feature``: its table / categorical feature number in the input.
 
 For every batch k = 0..N-1 (``kkkkkk`` = k zero-padded to 6 digits), ``.npy`` arrays:
 ``bkkkkkk_offsets.npy``  uint32 [T*B+1]  TBE offsets: bag (t, b) is
