@@ -24,6 +24,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+def lookups_line(s: dict) -> str:
+    """The lookups / unique rows / empty bags line of a ``summarize`` result."""
+    return (f"lookups {s['lookups']}, unique rows {s['unique_rows']} "
+            f"({100 * s['unique_share_per_batch']:.1f}% of lookups unique per batch), empty bags {s['empty_bags']}")
+
+
 def cmd_trace(args) -> int:
     from sim.model.dlrm import PRESETS
     from sim.model.trace import TraceKnobs, generate_trace, summarize, write_trace
@@ -54,8 +60,7 @@ def cmd_trace(args) -> int:
     rows = sum(t["rows"] for t in m["tables"])
     print(f"preset {m['preset']}: {s['tables']} tables ({rows} rows in all), batch {s['batch_size']}, "
           f"{s['batches']} batches, optimizer {m['optimizer']['name']} lr {m['optimizer']['lr']}")
-    print(f"lookups {s['lookups']}, unique rows {s['unique_rows']} "
-          f"({100 * s['unique_share_per_batch']:.1f}% of lookups unique per batch), empty bags {s['empty_bags']}")
+    print(lookups_line(s))
     print(f"wrote {path} ({path.stat().st_size} bytes) in {elapsed:.2f} s")
     return 0
 

@@ -44,6 +44,7 @@ def import_trace(args):
 
 def cmd_import(args) -> int:
     from sim.model.trace import read_trace, summarize, write_trace
+    from tools.trace_cmd import lookups_line
     out = pathlib.Path(args.output)
     start = time.perf_counter()
     try:
@@ -64,9 +65,7 @@ def cmd_import(args) -> int:
     print(f"{org['format']} {org['file']} (sha256 {org['sha256'][:16]}..., {org['bytes']} bytes): "
           f"{s['tables']} tables ({rows} rows in all), batch {s['batch_size']}, {s['batches']} batches, "
           f"{org['samples']} samples used, {rest}")
-    print(f"lookups {s['lookups']}, unique rows {s['unique_rows']} "
-          f"({100 * s['unique_share_per_batch']:.1f}% of lookups unique per batch), empty bags {s['empty_bags']}; "
-          f"generated from seed {manifest['seed']}: {', '.join(org['generated']) or 'nothing'}")
+    print(f"{lookups_line(s)}; generated from seed {manifest['seed']}: {', '.join(org['generated']) or 'nothing'}")
     print(f"wrote {out} ({out.stat().st_size} bytes) in {elapsed:.2f} s")
     return 0
 
