@@ -305,11 +305,12 @@ async def crash_campaign(dut):
     points = int(os.environ.get("TCXL_CRASH_POINTS", "7"))
     phases = tuple(p for p in os.environ.get("TCXL_CRASH_PHASES", ",".join(PHASES)).split(",") if p)
     schedule = os.environ.get("TCXL_CRASH_SCHEDULE", "cxl-b")
+    preset = get_preset(model)                  # resolved once here and passed down
     if os.environ.get("TCXL_CRASH_TRACE"):      # a file already bound to the model (tools/trace_source.py)
         trace = read_trace(os.environ["TCXL_CRASH_TRACE"])
     else:
-        trace = generate_trace(get_preset(model), TRACE_BATCHES, env.seed, trace_knobs_from_env())
-    run = CheckpointedRun(env, trace, total_batches=2 * points + 8, schedule=schedule)
+        trace = generate_trace(preset, TRACE_BATCHES, env.seed, trace_knobs_from_env())
+    run = CheckpointedRun(env, trace, total_batches=2 * points + 8, schedule=schedule, preset=preset)
     campaign = CrashCampaign(run, points, random.Random(env.seed ^ 0xC0A57), phases)
     result = {"model": model, "seed": env.seed, "schedule": schedule, "verified": False, **campaign.result}
     t0, start = time.perf_counter(), env.host.cycle

@@ -59,13 +59,14 @@ async def training_eval(dut):
     batches = int(os.environ.get("TCXL_EVAL_BATCHES", "3"))
     probe = int(os.environ.get("TCXL_EVAL_MLP_PROBE", "4096"))
     knobs = TraceKnobs(rows_cap=_int_env("TCXL_EVAL_ROWS_CAP"), batch_size=_int_env("TCXL_EVAL_BATCH_SIZE"))
+    preset = get_preset(model)                  # resolved once here and passed down
     if os.environ.get("TCXL_EVAL_TRACE"):       # a file already bound to the model (tools/trace_source.py)
         trace = read_trace(os.environ["TCXL_EVAL_TRACE"])
         org = trace.manifest.get("origin")
         source = {"kind": "file", "origin": org["format"] if org else "generated",
                   "origin_sha256": org["sha256"] if org else None}
     else:
-        trace = generate_trace(get_preset(model), batches, env.seed, knobs)
+        trace = generate_trace(preset, batches, env.seed, knobs)
         source = {"kind": "preset", "preset": model, "seed": env.seed}
     m = trace.manifest
     result = {"model": model, "order": order, "seed": env.seed, "batch_size": m["batch_size"], "trace_source": source,
@@ -73,8 +74,8 @@ async def training_eval(dut):
               "workload": [batch_workload(m, b) for b in trace.batches]}
     t0 = time.perf_counter()
     with recorded(result):
-        image = mlp_image_lines(model)
-        run = SystemRun(env, trace, total_batches=batches, order=order, mlp_lines=min(probe, image))
+        image = mlp_image_lines(preset)
+        run = SystemRun(env, trace, total_batches=batches, order=order, mlp_lines=min(probe, image), preset=preset)
         result.update(image_lines=image, mlp_probe_lines=run.mlp_lines)
         await run.setup()
         for k in range(batches):
