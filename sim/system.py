@@ -160,15 +160,16 @@ class SystemRun(CheckpointedRun):
     """DLRM training on the RTL in the ``exact`` or ``relaxed`` order (module docstring)."""
 
     def __init__(self, env, trace, *, total_batches: int, order: str = "exact", mlp_lines: int | None = None,
-                 poll_cycles: int = 16, lr: float = TRAINING_LR):
+                 poll_cycles: int = 16, lr: float = TRAINING_LR, preset=None):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         m = trace.manifest
         self.order = order
-        self.training = DlrmTraining(m["preset"], None, m["batch_size"], relaxed=order == "relaxed", mlp_lr=lr)
+        preset = get_preset(m["preset"]) if preset is None else preset     # resolved once, passed down
+        self.training = DlrmTraining(preset, None, m["batch_size"], relaxed=order == "relaxed", mlp_lr=lr)
         super().__init__(env, trace, total_batches=total_batches, schedule="cxl-d", poll_cycles=poll_cycles,
                          mlp_lines=mlp_lines, gpu_wait=False, grads=self.training.grads,
-                         mlp_step=self.training.step_fn, initial=dlrm_initial_tables(m, env.seed))
+                         mlp_step=self.training.step_fn, initial=dlrm_initial_tables(m, env.seed), preset=preset)
         self.lr = self.golden.lr = lr                 # the tables' SGD rate (UPDATE's lr field)
         self.training.batches = self.batches
         self.training.attach(self.golden, self.gpu)

@@ -3,6 +3,11 @@
   trainingcxl crash --model M --points N --seed S --json FILE
                     [--phases lookup,logging,...] [--schedule cxl-b|cxl-d]
                     [--rows-cap R] [--batch-size B]
+  trainingcxl crash --model M --trace FILE --points N ...
+
+``--trace FILE``: the campaign trains on the file's batches (cycled: batch k is file batch
+k % n) instead of 4 generated ones; --model gives the MLP; conflicts are one-line errors naming
+the field (tools/trace_source.py). ``trace_source`` in the JSON says which trace ran.
 
 Trains a DLRM model through the device (LOOKUP, LOG, MLP_LOG over CXL.cache, checkpointed
 UPDATE per batch), cuts power N times at chosen points (every phase in turn: lookup,
@@ -17,7 +22,7 @@ JSON keys (the contract): ``points`` (points run), ``consistent`` / ``inconsiste
 (recoveries that rolled a batch back), ``batches_trained``, ``failures`` (the first
 inconsistent point's problems; the campaign stops there), ``verified`` (every point
 consistent, the final tables equal the golden model, no protocol violation), ``seed``,
-``model``, ``schedule``, ``sim_cycles``, ``wall_seconds``, ``error``.
+``model``, ``schedule``, ``sim_cycles``, ``wall_seconds``, ``error``, ``trace_source``.
 
 The model must fit the default simulation device (16 MiB) with both logs: rm-tiny does;
 the MLP image of RM1-RM4 alone (68-142 MB) does not.
@@ -28,6 +33,7 @@ import argparse
 import pathlib
 import random
 import sys
+import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -46,14 +52,29 @@ class CrashError(Exception):
     """A bad request (exit code 2)."""
 
 
-def check_fits(args) -> None:
+def check_fits(args, tmp: pathlib.Path | None = None) -> dict:
     """Plan the checkpointed layout in Python first: a model that does not fit is reported
-    before any build."""
+    before any build. Returns the trace source record; with --trace the file bound to the model
+    is written to ``tmp`` and its path kept in ``args.bound_trace``."""
     from hw.config import DeviceConfig
     from sim.bfm.ndp_host import LayoutError
     from sim.model.dlrm import get_preset
-    from sim.model.trace import TraceKnobs, generate_trace
+    from sim.model.trace import TraceKnobs, generate_trace, write_trace
     from sim.tb.ckpt_run import plan_checkpoint_layout
+    from tools.trace_source import diagnose_fit, generated_source, load_bound_trace
+    args.bound_trace = None
+    if getattr(args, "trace", None):
+        for flag, value in (("--rows-cap", args.rows_cap), ("--batch-size", args.batch_size)):
+            if value is not None:
+                raise CrashError(f"{flag} applies to a generated trace; with --trace the file fixes it")
+        cap = DeviceConfig.for_simulation().capacity_lines
+        try:
+            _, trace, source = load_bound_trace(args.trace, args.model)
+            diagnose_fit(lambda tr: plan_checkpoint_layout(tr, cap), trace)
+        except ValueError as e:                 # TraceSourceError, TraceFormatError, unknown preset
+            raise CrashError(f"{e}") from None
+        args.bound_trace = write_trace(tmp / "trace.npz", trace)
+        return source
     try:
         preset = get_preset(args.model)
     except (KeyError, ValueError) as e:
@@ -66,6 +87,7 @@ def check_fits(args) -> None:
     except LayoutError as e:
         raise CrashError(f"{e} (the crash campaign runs on the default simulation device; "
                          f"try --model rm-tiny)") from None
+    return generated_source(args.model, args.seed, TraceKnobs(rows_cap=args.rows_cap, batch_size=args.batch_size))
 
 
 def run_campaign(args) -> dict:
@@ -73,7 +95,8 @@ def run_campaign(args) -> dict:
     t0 = time.perf_counter()
     env = {"TCXL_SEED": str(args.seed), "TCXL_CRASH_MODEL": args.model, "TCXL_CRASH_POINTS": str(args.points),
            "TCXL_CRASH_PHASES": ",".join(args.phases), "TCXL_CRASH_SCHEDULE": args.schedule}
-    for name, value in (("TCXL_CRASH_ROWS_CAP", args.rows_cap), ("TCXL_CRASH_BATCH_SIZE", args.batch_size)):
+    for name, value in (("TCXL_CRASH_ROWS_CAP", args.rows_cap), ("TCXL_CRASH_BATCH_SIZE", args.batch_size),
+                        ("TCXL_CRASH_TRACE", getattr(args, "bound_trace", None))):
         if value is not None:
             env[name] = str(value)
     print(f"{args.points} power-failure points ({args.schedule}); progress is logged per point", flush=True)
@@ -113,11 +136,13 @@ def cmd_crash(args) -> int:
         args.seed = random.SystemRandom().randrange(1 << 31)
     print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
     try:
-        check_fits(args)
-        result = run_campaign(args)
+        with tempfile.TemporaryDirectory() as tmp:
+            source = check_fits(args, pathlib.Path(tmp))
+            result = run_campaign(args)
     except CrashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    result["trace_source"] = source
     print(format_result(result))
     if args.json:
         write_json(args.json, result)
@@ -138,5 +163,7 @@ def add_crash_parser(subparsers) -> argparse.ArgumentParser:
                    help="when LOG / MLP_LOG run: overlapping the GPU (cxl-b) or after it (cxl-d)")
     p.add_argument("--rows-cap", type=int, default=None, help="cap every table at R rows")
     p.add_argument("--batch-size", type=int, default=None, help="samples per batch")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="train on this trace file's batches (cycled) instead of 4 generated ones")
     p.set_defaults(func=cmd_crash)
     return p

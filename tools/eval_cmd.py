@@ -3,6 +3,13 @@
   trainingcxl eval [--models rm1,rm2,rm3,rm4] [--configs pmem,pcie,cxl-d,cxl-b,cxl]
                    [--batches N] [--seed S] [--json FILE] [--report DIR]
                    [--batch-size B] [--rows-cap R] [--mlp-probe L]
+  trainingcxl eval --models M --trace FILE [--batches N] ...
+
+``--trace FILE``: train on a trace file (generated or imported) instead of the generated one;
+one model (any preset, e.g. kaggle), which gives the MLP and optimizer, while tables, rows, batch
+size and batches come from the file (the first ``--batches`` of them; default all). Conflicts are
+one-line errors naming the field (tools/trace_source.py). Every result and ``meta.trace_sources``
+record which trace ran (preset and seed, or the file's SHA-256 and origin); so does the report.
 
 Per model: generate the trace (the model's ``SETUP``: batch size and rows cap, chosen because
 the paper does not give them, and kept), train ``--batches`` batches through the device on the
@@ -32,6 +39,7 @@ import dataclasses
 import json
 import pathlib
 import sys
+import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -65,7 +73,10 @@ def add_eval_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ",".join(MODELS))
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of " + ",".join(CONFIGS))
-    p.add_argument("--batches", type=int, default=3, help="training batches per model and order (default 3)")
+    p.add_argument("--batches", type=int, default=None,
+                   help="training batches per model and order (default 3; with --trace all of the file's)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="train on this trace file (one --models entry gives the MLP); see trainingcxl trace import")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default="build/eval.json")
     p.add_argument("--report", default=None, help="directory for report.md and the PNG plots")
@@ -87,9 +98,20 @@ def _split(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
 
 
 def check_request(args) -> tuple[list[str], list[str]]:
-    models = _split(args.models, MODELS + EXTRA_MODELS, "model")
+    from sim.model.dlrm import PRESETS
+    trace = getattr(args, "trace", None)
+    models = _split(args.models, tuple(PRESETS) if trace else MODELS + EXTRA_MODELS, "model")
     configs = _split(args.configs, CONFIGS, "configuration")
-    if args.batches < 1:
+    if trace:
+        if len(models) != 1:
+            raise EvalError(f"--trace: models: one --models entry (the MLP of the file's tables), got {len(models)}")
+        for flag, value in (("--rows-cap", args.rows_cap), ("--batch-size", args.batch_size)):
+            if value is not None:
+                raise EvalError(f"{flag} applies to a generated trace; with --trace the file fixes it "
+                                f"(re-import with {flag})")
+    elif args.batches is None:
+        args.batches = 3
+    if args.batches is not None and args.batches < 1:
         raise EvalError(f"--batches must be >= 1, got {args.batches}")
     for name in ("batch_size", "rows_cap", "mlp_probe"):
         v = getattr(args, name)
@@ -99,6 +121,9 @@ def check_request(args) -> tuple[list[str], list[str]]:
 
 
 def knobs_of(model: str, args) -> dict:
+    bound = getattr(args, "bound_traces", {}).get(model)
+    if bound is not None:
+        return {"batch_size": bound[1].batch_size, "rows_cap": None}
     s = SETUP[model]
     return {"batch_size": args.batch_size or s["batch_size"], "rows_cap": args.rows_cap or s["rows_cap"]}
 
@@ -113,10 +138,19 @@ def check_fits(model: str, args) -> None:
     from sim.model.trace import TraceKnobs, generate_trace
     from sim.tb.ckpt_run import plan_checkpoint_layout
     from sim.tb.ndp_run_tb import HOST_MEMORY_MIN_LINE
+    from tools.trace_source import TraceSourceError, diagnose_fit
     k = knobs_of(model, args)
-    trace = generate_trace(get_preset(model), args.batches, args.seed, TraceKnobs(**k))
+    bound = getattr(args, "bound_traces", {}).get(model)
     cfg = DeviceConfig.for_simulation()
     probe = min(args.mlp_probe, mlp_image_lines(model))
+    if bound is not None:
+        try:
+            diagnose_fit(lambda tr: plan_checkpoint_layout(tr, cfg.capacity_lines, HOST_MEMORY_MIN_LINE, probe),
+                         bound[1])
+        except TraceSourceError as e:
+            raise EvalError(f"{e} (eval runs on the {cfg.capacity_bytes >> 20} MiB simulated device)") from None
+        return
+    trace = generate_trace(get_preset(model), args.batches, args.seed, TraceKnobs(**k))
     try:
         plan_checkpoint_layout(trace, cfg.capacity_lines, HOST_MEMORY_MIN_LINE, probe)
     except LayoutError as e:
@@ -129,6 +163,9 @@ def run_order(model: str, order: str, args) -> dict:
     env = {"TCXL_EVAL_MODEL": model, "TCXL_EVAL_ORDER": order, "TCXL_EVAL_BATCHES": str(args.batches),
            "TCXL_EVAL_MLP_PROBE": str(args.mlp_probe), "TCXL_SEED": str(args.seed)}
     env.update({f"TCXL_EVAL_{key.upper()}": str(v) for key, v in k.items() if v is not None})
+    bound = getattr(args, "bound_traces", {}).get(model)
+    if bound is not None:
+        env["TCXL_EVAL_TRACE"] = str(bound[0])
     t0 = time.perf_counter()
     print(f"[eval] {model} {order}: training {args.batches} batches on the RTL "
           f"(batch size {k['batch_size'] or 'preset'}, rows cap {k['rows_cap'] or 'preset'})...", flush=True)
@@ -176,6 +213,7 @@ def compose_model(model: str, configs: list[str], runs: dict) -> list[dict]:
         order = "relaxed" if config == "cxl" else "exact"
         run = runs.get(order) or {}
         entry = {"model": model, "config": config, "order": order, "verified": bool(run.get("verified")),
+                 "trace_source": run.get("trace_source"),
                  "batches": run.get("batches"), "batch_size": run.get("batch_size"), "rows_cap": run.get("rows_cap"),
                  "clock_mhz": run.get("clock_mhz"), "loss": run.get("losses", [])}
         if run.get("error"):
@@ -229,8 +267,11 @@ NOTES = [
 def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict) -> dict:
     from sim.model.system_params import describe
     results = []
+    sources = meta.get("trace_sources") or {}
     for model in models:
         results += compose_model(model, configs, runs[model])
+    for r in results:           # the command's record (file and input hashes) over the bench's short one
+        r["trace_source"] = sources.get(r["model"]) or r.get("trace_source")
     clock = next((r.get("clock_mhz") for r in results if r.get("clock_mhz")), 500)
     return {"results": results,
             "meta": {**meta, "models": models, "configs": configs, "clock_mhz": clock, "paper": PAPER,
@@ -248,13 +289,34 @@ def evaluate(args) -> dict:
         print(f"[eval] recomposing the runs in {args.recompose} with the current parameters", flush=True)
         return compose_all(old["meta"]["runs"], old["meta"]["models"], old["meta"]["configs"], meta)
     models, configs = check_request(args)
-    for model in models:
-        check_fits(model, args)
-    t0 = time.perf_counter()
-    runs = simulate(args, models, configs)
+    with tempfile.TemporaryDirectory() as tmp:
+        sources = bind_traces(args, models, pathlib.Path(tmp))
+        for model in models:
+            check_fits(model, args)
+        t0 = time.perf_counter()
+        runs = simulate(args, models, configs)
     meta = {"batches": args.batches, "seed": args.seed, "setup": {m: knobs_of(m, args) for m in models},
-            "mlp_probe_lines": args.mlp_probe, "wall_seconds": round(time.perf_counter() - t0, 1)}
+            "mlp_probe_lines": args.mlp_probe, "wall_seconds": round(time.perf_counter() - t0, 1),
+            "trace_sources": sources}
     return compose_all(runs, models, configs, meta)
+
+
+def bind_traces(args, models: list[str], tmp: pathlib.Path) -> dict:
+    """{model: source record}; with --trace the file bound to the model is written to ``tmp``
+    and kept in ``args.bound_traces`` ({model: (path, trace)}) for the runs."""
+    from sim.model.trace import TraceKnobs, write_trace
+    from tools.trace_source import generated_source, load_bound_trace
+    args.bound_traces = {}
+    if not getattr(args, "trace", None):
+        return {m: generated_source(m, args.seed, TraceKnobs(**knobs_of(m, args))) for m in models}
+    model = models[0]
+    try:
+        _, trace, source = load_bound_trace(args.trace, model, args.batches)
+    except ValueError as e:             # TraceSourceError, TraceFormatError
+        raise EvalError(str(e)) from None
+    args.batches = len(trace.batches)
+    args.bound_traces[model] = (write_trace(tmp / "trace.npz", trace), trace)
+    return {model: source}
 
 
 def main(args) -> int:

@@ -365,6 +365,25 @@ def _same_phase_overlaps(tl: list) -> list[tuple[str, str, float, float]]:
     return out
 
 
+# ----------------------------------------------------------------------------- trace sources
+def trace_sources_text(meta: dict) -> list[str]:
+    """One line per model saying which trace ran: preset and seed, or the file's hash and origin."""
+    out = []
+    for model, src in sorted((meta.get("trace_sources") or {}).items()):
+        if not isinstance(src, dict):
+            continue
+        if src.get("kind") == "file":
+            made = src.get("generated_from")
+            how = (f"generated from preset {made['preset']} seed {made['seed']}" if made else
+                   f"imported {src.get('origin')} from {src.get('origin_file')} "
+                   f"(input sha256 {str(src.get('origin_sha256'))[:16]}...)")
+            out.append(f"{model}: file {pathlib.Path(str(src.get('file'))).name} "
+                       f"(sha256 {str(src.get('sha256'))[:16]}...), {how}, {src.get('batches')} batches")
+        else:
+            out.append(f"{model}: generated from preset {src.get('preset')} seed {src.get('seed')}")
+    return out
+
+
 # ----------------------------------------------------------------------------- text table
 def text_table(result: dict) -> str:
     """Fixed-width console table of every (model, config) result, failures listed underneath."""
@@ -388,6 +407,7 @@ def text_table(result: dict) -> str:
         return "  ".join(x.ljust(w) if i in left else x.rjust(w) for i, (x, w) in enumerate(zip(cells, widths)))
 
     out = [line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
+    out += [f"trace {t}" for t in trace_sources_text(result.get("meta") or {})]
     fails = _failures(result)
     if fails:
         out.append("")
@@ -430,7 +450,8 @@ def _markdown(result: dict, figs: dict[str, str]) -> str:
            f"- seed: {meta.get('seed', 'n/a')}",
            f"- clock: {_fmt(meta.get('clock_mhz'), ' MHz')}",
            f"- wall time: {_fmt(meta.get('wall_seconds'), ' s')}",
-           f"- results: {len(idx)} ({len(idx) - len(_failures(result))} verified)", ""]
+           f"- results: {len(idx)} ({len(idx) - len(_failures(result))} verified)"]
+    md += [f"- trace {_md_cell(t)}" for t in trace_sources_text(meta)] + [""]
 
     fails = _failures(result)
     md += ["## Failures", ""]

@@ -2,6 +2,11 @@
 
   trainingcxl run --model M --config cxl-d --phase embedding --batches N --json FILE
                   [--seed S] [--rows-cap R] [--batch-size B] [--out host|device]
+  trainingcxl run --model M --trace FILE [--batches N] ...
+
+With ``--trace`` the tables, rows, batch size and batches come from the file (generated or
+imported; tools/trace_source.py checks it against the model and names the field that
+conflicts); the seed still seeds the initial tables and the gradients.
 
 Steps: generate the trace (sim/model/trace.py ``generate_trace`` with the knobs; the seed
 also seeds the initial tables and the gradients); plan the device-memory layout
@@ -13,7 +18,9 @@ build the harness; run every batch's LOOKUP then UPDATE on the RTL through the c
 updated row against the golden model; write the JSON and print a table.
 
 JSON keys (the contract): ``verified`` (every check passed), ``model``, ``config``,
-``phase``, ``seed``, ``knobs`` (rows_cap, batch_size, batches, out), ``lookups`` (index
+``phase``, ``seed``, ``knobs`` (rows_cap, batch_size, batches, out), ``trace_source`` (which
+trace ran: ``{"kind": "preset", "preset", "seed", "knobs"}`` or ``{"kind": "file", "file",
+"sha256", "origin", ...}``, tools/trace_source.py), ``lookups`` (index
 occurrences), ``lines_read`` (media lines the LOOKUPs read, from their completions),
 ``cycles_lookup`` / ``cycles_update`` (sum of the completions' cycle counts: descriptor
 fetch to durable completion), ``bound_cycles_lookup`` / ``bound_cycles_update``,
@@ -59,45 +66,71 @@ class RunError(Exception):
     """A bad request, reported as one line (exit code 2)."""
 
 
-def choose_device(trace, out: str):
+def choose_device(trace, out: str, where: str = "--model"):
     """(DeviceConfig, layout): the default simulation device if the model fits, else the
-    smallest larger one (powers of two up to MAX_LINES_PER_CHANNEL per channel)."""
+    smallest larger one (powers of two up to MAX_LINES_PER_CHANNEL per channel). When none
+    fits, the one-line error names ``rows`` or ``batch_size`` (tools/trace_source.py)."""
     from hw.config import DeviceConfig
     from sim.bfm.ndp_host import LayoutError, plan_layout, tables_from_manifest
-    m = trace.manifest
-    max_indices = max(int(b.indices.size) for b in trace.batches)
+    from tools.trace_source import TraceSourceError, diagnose_fit
     default = DeviceConfig.for_simulation()
+
+    def planner(cfg):
+        def plan(tr):
+            return plan_layout(tables_from_manifest(tr.manifest), batch_size=tr.manifest["batch_size"],
+                               max_indices=max(int(b.indices.size) for b in tr.batches),
+                               capacity_lines=cfg.capacity_lines, has_weights=tr.manifest["has_weights"],
+                               outputs_in_device=out == "device")
+        return plan
     lines = default.lines_per_channel
     first_error = None
     while lines <= MAX_LINES_PER_CHANNEL:
         cfg = default if lines == default.lines_per_channel else DeviceConfig.for_simulation(lines_per_channel=lines)
         try:
-            layout = plan_layout(tables_from_manifest(m), batch_size=m["batch_size"], max_indices=max_indices,
-                                 capacity_lines=cfg.capacity_lines, has_weights=m["has_weights"],
-                                 outputs_in_device=out == "device")
-            return cfg, layout
+            return cfg, planner(cfg)(trace)
         except LayoutError as e:
             first_error = first_error or e
-            last_error = e
         lines *= 2
-    raise RunError(f"{last_error} (tried devices up to {4 * MAX_LINES_PER_CHANNEL * 64 >> 20} MiB; "
-                   f"on the default {default.capacity_bytes >> 20} MiB device: {first_error})")
+    try:
+        diagnose_fit(planner(cfg), trace, where)
+    except TraceSourceError as e:
+        raise RunError(f"{e} (tried devices up to {4 * MAX_LINES_PER_CHANNEL * 64 >> 20} MiB; "
+                       f"on the default {default.capacity_bytes >> 20} MiB device: {first_error})") from None
+    raise RunError(f"no device fits ({first_error})")
 
 
-def run_embedding(args) -> dict:
+def resolve_trace(args):
+    """(trace, source record): the --trace file bound to --model, or the model's generated trace.
+    The preset is resolved here, once (tools/trace_source.py)."""
     from sim.model.dlrm import get_preset
-    from sim.model.trace import TraceKnobs, generate_trace, summarize, write_trace
-    from tools.harness_run import NoResult, run_harness_test
-
+    from sim.model.trace import TraceKnobs, generate_trace
+    from tools.trace_source import generated_source, load_bound_trace
+    if args.trace:
+        for flag, value in (("--rows-cap", args.rows_cap), ("--batch-size", args.batch_size)):
+            if value is not None:
+                raise RunError(f"{flag} applies to a generated trace; with --trace the file fixes it "
+                               f"(re-import with {flag})")
+        _, trace, source = load_bound_trace(args.trace, args.model, args.batches)
+        return trace, source
     preset = get_preset(args.model)
     if preset.optimizer.name != "sgd":
         raise RunError(f"model {args.model} trains with {preset.optimizer.name}; the device's UPDATE is SGD "
                        f"(row-wise Adagrad comes with a later issue)")
     knobs = TraceKnobs(rows_cap=args.rows_cap, batch_size=args.batch_size)
+    return generate_trace(preset, args.batches, args.seed, knobs), generated_source(args.model, args.seed, knobs)
+
+
+def run_embedding(args) -> dict:
+    from sim.model.trace import summarize, write_trace
+    from tools.harness_run import NoResult, run_harness_test
+
     t0 = time.perf_counter()
-    trace = generate_trace(preset, args.batches, args.seed, knobs)
-    cfg, layout = choose_device(trace, args.out)
+    trace, source = resolve_trace(args)
+    cfg, layout = choose_device(trace, args.out, "--trace" if args.trace else "--model")
     s = summarize(trace)
+    origin = f"file {source['file']} ({source['origin']}, sha256 {source['sha256'][:16]}...)" \
+        if source["kind"] == "file" else f"preset {args.model}, seed {args.seed}"
+    print(f"trace: {origin}", flush=True)
     print(f"model {args.model}: {s['tables']} tables, batch {s['batch_size']}, {s['batches']} batches, "
           f"{s['lookups']} lookups; device {cfg.capacity_bytes >> 20} MiB "
           f"({cfg.lines_per_channel} lines per channel), tables at lines "
@@ -105,7 +138,7 @@ def run_embedding(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = write_trace(pathlib.Path(tmp) / "trace.npz", trace)
         env = {"TCXL_SEED": str(args.seed), "TCXL_TRACE": str(trace_path), "TCXL_RUN_OUT": args.out}
-        print(f"{args.batches} batches (LOOKUP + UPDATE each)", flush=True)
+        print(f"{len(trace.batches)} batches (LOOKUP + UPDATE each)", flush=True)
         try:
             result = run_harness_test("embedding_run", env, "sim.tb.ndp_run_tb", config=cfg)
         except NoResult as e:
@@ -113,9 +146,10 @@ def run_embedding(args) -> dict:
     error = result.get("error")
     result["verified"] = bool(result.get("verified")) and error is None
     result.update({"model": args.model, "config": args.config, "phase": args.phase,
-                   "knobs": {"rows_cap": args.rows_cap, "batch_size": trace.batch_size, "batches": args.batches,
+                   "knobs": {"rows_cap": args.rows_cap, "batch_size": trace.batch_size, "batches": len(trace.batches),
                              "out": args.out},
-                   "trace": s, "device": dict(cfg.__dict__), "wall_seconds": round(time.perf_counter() - t0, 1)})
+                   "trace": s, "trace_source": source, "device": dict(cfg.__dict__),
+                   "wall_seconds": round(time.perf_counter() - t0, 1)})
     return result
 
 
@@ -154,7 +188,10 @@ def cmd_run(args) -> int:
         print(f"error: --phase {args.phase} comes with the MLP/checkpoint issues; only --phase embedding runs now",
               file=sys.stderr)
         return 2
-    if args.batches < 1:
+    if args.batches is None and not args.trace:
+        print("error: --batches is required (or --trace FILE: all its batches)", file=sys.stderr)
+        return 2
+    if args.batches is not None and args.batches < 1:
         print("error: --batches must be at least 1", file=sys.stderr)
         return 2
     if args.seed is None:
@@ -178,7 +215,11 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="DLRM preset: rm1 rm2 rm3 rm4 kaggle terabyte rm-tiny")
     p.add_argument("--config", default="cxl-d", choices=CONFIGS, help="system configuration (only cxl-d today)")
     p.add_argument("--phase", default="embedding", choices=PHASES, help="what to run (only embedding today)")
-    p.add_argument("--batches", type=int, required=True, help="number of batches")
+    p.add_argument("--batches", type=int, default=None,
+                   help="number of batches (required without --trace; with it the first N of the file)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="run this trace file (trainingcxl trace / trace import) instead of the model's generated "
+                        "one; --model gives the MLP and optimizer, the file the tables, rows and batches")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--seed", type=lambda x: int(x, 0), default=None, help="trace, table and gradient seed")
     p.add_argument("--rows-cap", type=int, default=None, help="cap every table at R rows")

@@ -3,6 +3,8 @@
   trainingcxl trace --preset P --batches N [--seed S] -o FILE
                     [--rows-cap R] [--batch-size B] [--alpha A] [--pooling fixed|uniform|normal]
                     [--empty-prob p] [--duplicates | --no-duplicates] [--reuse f] [--weights | --no-weights]
+  trainingcxl trace import --format fbgemm-pt|criteo-tsv IN -o OUT.npz ...   (tools/trace_import_cmd.py)
+  trainingcxl trace stats FILE [--json OUT]                                   (tools/trace_stats_cmd.py)
 
 ``add_trace_parser(subparsers)`` registers the subcommand (its handler is ``cmd_trace``);
 ``cmd_trace(args)`` prints the seed first (a run without --seed draws one, so it can be
@@ -22,10 +24,21 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+def lookups_line(s: dict) -> str:
+    """The lookups / unique rows / empty bags line of a ``summarize`` result."""
+    return (f"lookups {s['lookups']}, unique rows {s['unique_rows']} "
+            f"({100 * s['unique_share_per_batch']:.1f}% of lookups unique per batch), empty bags {s['empty_bags']}")
+
+
 def cmd_trace(args) -> int:
     from sim.model.dlrm import PRESETS
     from sim.model.trace import TraceKnobs, generate_trace, summarize, write_trace
 
+    missing = [flag for flag, value in (("--preset", args.preset), ("--batches", args.batches),
+                                        ("-o", args.output)) if value is None]
+    if missing:
+        print(f"error: trace needs {', '.join(missing)} (or a subcommand: import, stats)", file=sys.stderr)
+        return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"seed {seed}", flush=True)
     if args.preset not in PRESETS:
@@ -47,8 +60,7 @@ def cmd_trace(args) -> int:
     rows = sum(t["rows"] for t in m["tables"])
     print(f"preset {m['preset']}: {s['tables']} tables ({rows} rows in all), batch {s['batch_size']}, "
           f"{s['batches']} batches, optimizer {m['optimizer']['name']} lr {m['optimizer']['lr']}")
-    print(f"lookups {s['lookups']}, unique rows {s['unique_rows']} "
-          f"({100 * s['unique_share_per_batch']:.1f}% of lookups unique per batch), empty bags {s['empty_bags']}")
+    print(lookups_line(s))
     print(f"wrote {path} ({path.stat().st_size} bytes) in {elapsed:.2f} s")
     return 0
 
@@ -57,11 +69,11 @@ def add_trace_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``trace`` on an argparse subparsers object; returns the new parser."""
     p = subparsers.add_parser("trace", help="write a seeded DLRM trace (.npz)",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", required=True, help="rm1 rm2 rm3 rm4 kaggle terabyte dcnv2 rm-tiny")
-    p.add_argument("--batches", type=int, required=True, help="number of batches")
+    p.add_argument("--preset", help="rm1 rm2 rm3 rm4 kaggle terabyte dcnv2 rm-tiny (required)")
+    p.add_argument("--batches", type=int, help="number of batches (required)")
     p.add_argument("--seed", type=lambda x: int(x, 0), default=None,
                    help="generator seed (default: drawn and printed)")
-    p.add_argument("-o", "--output", required=True, help="trace file to write (.npz)")
+    p.add_argument("-o", "--output", help="trace file to write (.npz) (required)")
     p.add_argument("--rows-cap", type=int, default=None, help="cap every table at R rows")
     p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the preset's)")
     p.add_argument("--alpha", type=float, default=None, help="Zipf alpha of every table (0 = uniform)")
@@ -74,4 +86,9 @@ def add_trace_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--weights", action=argparse.BooleanOptionalAction, default=None,
                    help="store per-index weights (default: iff a table pools weighted_sum)")
     p.set_defaults(func=cmd_trace)
+    sub = p.add_subparsers(dest="trace_command", metavar="{import,stats}")
+    from tools.trace_import_cmd import add_import_parser
+    from tools.trace_stats_cmd import add_stats_parser
+    add_import_parser(sub)
+    add_stats_parser(sub)
     return p

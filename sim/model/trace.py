@@ -21,7 +21,18 @@ Members:
                                "std": float, "max_len": int, "empty_prob": float},
                    "alpha": float (Zipf exponent; 0 = uniform)}
     generator     the knobs used: {"rows_cap", "batch_size", "alpha", "pooling", "empty_prob",
-                  "duplicates", "reuse", "weights"} (null = the preset's value)
+                  "duplicates", "reuse", "weights"} (null = the preset's value); null in an
+                  imported trace
+    origin        optional; absent = generated from preset and seed. An imported trace
+                  (``trainingcxl trace import``) has {"format": "criteo-tsv" | "fbgemm-pt",
+                  "file": input file name, "sha256": 64 hex digits of the input's bytes,
+                  "bytes": its size, "options": every importer option (null = default),
+                  "generated": the arrays drawn from ``seed`` because the file lacks them
+                  (e.g. ["dense", "labels"]), plus importer facts (samples used, ...)}.
+                  There ``preset`` names the preset that gave the MLP widths, optimizer and
+                  defaults, the tables' ``pooling`` is the measured bag-length summary,
+                  ``alpha`` is null (unknown; ``trainingcxl trace stats`` fits it), and each
+                  table has ``feature``: its table / categorical feature number in the input.
 
 For every batch k = 0..N-1 (``kkkkkk`` = k zero-padded to 6 digits), ``.npy`` arrays:
 ``bkkkkkk_offsets.npy``  uint32 [T*B+1]  TBE offsets: bag (t, b) is
@@ -222,6 +233,33 @@ def validate_manifest(m: dict) -> None:
             _fail(where, f"pooling kind {pooling['kind']!r} not in {LENGTH_KINDS}")
         if tab["mode"] == "weighted_sum" and not m["has_weights"]:
             _fail(where, "mode weighted_sum but the trace has no weights")
+        alpha = tab.get("alpha", 0.0)
+        if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha >= 0) and \
+                not (alpha is None and "origin" in m):
+            _fail(where, f"alpha = {alpha!r} is not a number >= 0 (null only in an imported trace)")
+    if "origin" in m:
+        validate_origin(m["origin"])
+
+
+ORIGIN_FORMATS = ("criteo-tsv", "fbgemm-pt")
+
+
+def validate_origin(org) -> None:
+    """Raise TraceFormatError unless ``org`` is a well-formed ``origin`` object."""
+    w = MANIFEST + " origin"
+    if not isinstance(org, dict):
+        _fail(w, "not a JSON object")
+    if _req(org, "format", str, w) not in ORIGIN_FORMATS:
+        _fail(w, f"format {org['format']!r} not in {ORIGIN_FORMATS}")
+    _req(org, "file", str, w)
+    sha = _req(org, "sha256", str, w)
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        _fail(w, f"sha256 {sha!r} is not 64 lower-case hex digits")
+    if _req(org, "bytes", int, w) < 0:
+        _fail(w, "bytes < 0")
+    _req(org, "options", dict, w)
+    if not all(isinstance(g, str) and g in ARRAYS for g in _req(org, "generated", list, w)):
+        _fail(w, f"generated {org['generated']!r} names something other than {ARRAYS}")
 
 
 # --------------------------------------------------------------------------------------------

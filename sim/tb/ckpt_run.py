@@ -118,7 +118,7 @@ class Submitted:
 class CheckpointedRun:
     def __init__(self, env, trace, *, total_batches: int, schedule: str = "cxl-b", poll_cycles: int = 16,
                  mlp_chunks: int = 1, mlp_lines: int | None = None, gpu_wait: bool = True,
-                 grads=None, mlp_step=None, initial=None):
+                 grads=None, mlp_step=None, initial=None, preset=None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         m = trace.manifest
@@ -129,7 +129,7 @@ class CheckpointedRun:
         self.has_weights = bool(m["has_weights"])
         self.lr = float(m["optimizer"]["lr"])
         self.batches = CyclicBatches(trace.batches, total_batches)
-        preset = get_preset(m["preset"])
+        preset = get_preset(m["preset"]) if preset is None else preset   # resolved once, by the caller if it can
         self.host_base = host_output_base(env)
         self.gpu = GpuAgent(preset, base_line=self.host_base, seed=env.seed, batch_size=self.B,
                             clock_mhz=env.config.clock_mhz, step_fn=mlp_step)

@@ -38,8 +38,9 @@ TCXL_CRASH_DEBUG=1 logs every submission and every cut.
 The cocotb test ``crash_campaign`` (driven by ``trainingcxl crash``, tools/crash_cmd.py)
 reads TCXL_CRASH_MODEL (default rm-tiny), TCXL_CRASH_POINTS, TCXL_CRASH_PHASES (comma list,
 default all), TCXL_CRASH_SCHEDULE (cxl-b | cxl-d), TCXL_CRASH_ROWS_CAP / TCXL_CRASH_BATCH_SIZE
-(trace knobs), TCXL_SEED and TCXL_RESULT_JSON. The trace has 4 batches; batch k of the run
-is trace batch k % 4 with gradients seeded by k.
+(trace knobs) or TCXL_CRASH_TRACE (a trace file bound to the model), TCXL_SEED and
+TCXL_RESULT_JSON. The generated trace has 4 batches; batch k of the run is trace batch k % n
+(n = the trace's batches) with gradients seeded by k.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ from sim.env import CLOCK_PERIOD_NS, DeviceEnv
 from sim.model.checkpoint import golden_recover
 from sim.model.dlrm import get_preset
 from sim.model.pmem_params import media_verilog_parameters
-from sim.model.trace import TraceKnobs, generate_trace
+from sim.model.trace import TraceKnobs, generate_trace, read_trace
 from sim.tb.ckpt_run import CheckpointedRun
 from sim.tb.ndp_run_tb import write_result
 
@@ -304,8 +305,12 @@ async def crash_campaign(dut):
     points = int(os.environ.get("TCXL_CRASH_POINTS", "7"))
     phases = tuple(p for p in os.environ.get("TCXL_CRASH_PHASES", ",".join(PHASES)).split(",") if p)
     schedule = os.environ.get("TCXL_CRASH_SCHEDULE", "cxl-b")
-    trace = generate_trace(get_preset(model), TRACE_BATCHES, env.seed, trace_knobs_from_env())
-    run = CheckpointedRun(env, trace, total_batches=2 * points + 8, schedule=schedule)
+    preset = get_preset(model)                  # resolved once here and passed down
+    if os.environ.get("TCXL_CRASH_TRACE"):      # a file already bound to the model (tools/trace_source.py)
+        trace = read_trace(os.environ["TCXL_CRASH_TRACE"])
+    else:
+        trace = generate_trace(preset, TRACE_BATCHES, env.seed, trace_knobs_from_env())
+    run = CheckpointedRun(env, trace, total_batches=2 * points + 8, schedule=schedule, preset=preset)
     campaign = CrashCampaign(run, points, random.Random(env.seed ^ 0xC0A57), phases)
     result = {"model": model, "seed": env.seed, "schedule": schedule, "verified": False, **campaign.result}
     t0, start = time.perf_counter(), env.host.cycle

@@ -8,7 +8,8 @@ real numpy MLP on the GPU side. Every pooled vector, the GPU's loss and gradient
 final tables are checked bit for bit against the golden training; the protocol monitors and
 the CXL.cache home agent must be clean at the end.
 
-Trace knobs: ``TCXL_EVAL_BATCH_SIZE``, ``TCXL_EVAL_ROWS_CAP`` (optional); ``TCXL_SEED`` seeds
+Trace knobs: ``TCXL_EVAL_BATCH_SIZE``, ``TCXL_EVAL_ROWS_CAP`` (optional), or ``TCXL_EVAL_TRACE``
+(a trace file bound to the model, whose first TCXL_EVAL_BATCHES batches run); ``TCXL_SEED`` seeds
 the trace, the tables and the MLP.
 
 Writes ``TCXL_RESULT_JSON``: ``model``, ``order``, ``seed``, ``batch_size``, ``rows_cap``,
@@ -28,7 +29,7 @@ from sim.bfm.gpu_agent import mlp_image_lines
 from sim.env import DeviceEnv
 from sim.model.checkpoint import batch_rows
 from sim.model.dlrm import get_preset
-from sim.model.trace import TraceKnobs, generate_trace
+from sim.model.trace import TraceKnobs, generate_trace, read_trace
 from sim.system import SystemRun
 from sim.tb.ndp_run_tb import recorded
 
@@ -58,15 +59,23 @@ async def training_eval(dut):
     batches = int(os.environ.get("TCXL_EVAL_BATCHES", "3"))
     probe = int(os.environ.get("TCXL_EVAL_MLP_PROBE", "4096"))
     knobs = TraceKnobs(rows_cap=_int_env("TCXL_EVAL_ROWS_CAP"), batch_size=_int_env("TCXL_EVAL_BATCH_SIZE"))
-    trace = generate_trace(get_preset(model), batches, env.seed, knobs)
+    preset = get_preset(model)                  # resolved once here and passed down
+    if os.environ.get("TCXL_EVAL_TRACE"):       # a file already bound to the model (tools/trace_source.py)
+        trace = read_trace(os.environ["TCXL_EVAL_TRACE"])
+        org = trace.manifest.get("origin")
+        source = {"kind": "file", "origin": org["format"] if org else "generated",
+                  "origin_sha256": org["sha256"] if org else None}
+    else:
+        trace = generate_trace(preset, batches, env.seed, knobs)
+        source = {"kind": "preset", "preset": model, "seed": env.seed}
     m = trace.manifest
-    result = {"model": model, "order": order, "seed": env.seed, "batch_size": m["batch_size"],
+    result = {"model": model, "order": order, "seed": env.seed, "batch_size": m["batch_size"], "trace_source": source,
               "rows_cap": knobs.rows_cap, "batches": batches, "verified": False, "clock_mhz": env.config.clock_mhz,
               "workload": [batch_workload(m, b) for b in trace.batches]}
     t0 = time.perf_counter()
     with recorded(result):
-        image = mlp_image_lines(model)
-        run = SystemRun(env, trace, total_batches=batches, order=order, mlp_lines=min(probe, image))
+        image = mlp_image_lines(preset)
+        run = SystemRun(env, trace, total_batches=batches, order=order, mlp_lines=min(probe, image), preset=preset)
         result.update(image_lines=image, mlp_probe_lines=run.mlp_lines)
         await run.setup()
         for k in range(batches):

@@ -1,0 +1,59 @@
+"""``trainingcxl trace stats``: the access figures that drive near-memory performance, JSON + table.
+
+  trainingcxl trace stats FILE [--json OUT]      (FILE: a trace .npz, generated or imported)
+  trainingcxl trace stats --preset P [--batches N] [--seed S] [--batch-size B] [--rows-cap R] [--json OUT]
+
+The figures and their definitions: sim/model/trace_stats.py. With ``--preset`` the trace is
+generated in memory (as ``trainingcxl trace`` would write it), to check whether a preset has
+the skew it claims (``zipf_alpha`` against ``alpha_claimed``). Exit 0, or 2 with one line on
+a bad file or option.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def cmd_stats(args) -> int:
+    from sim.model.trace import TraceKnobs, generate_trace, read_trace
+    from sim.model.trace_stats import format_stats, trace_stats
+    if (args.file is None) == (args.preset is None):
+        print("error: trace stats takes a trace FILE or --preset P (one of them)", file=sys.stderr)
+        return 2
+    try:
+        if args.file is not None:
+            trace = read_trace(args.file)
+        else:
+            trace = generate_trace(args.preset, args.batches, args.seed,
+                                   TraceKnobs(batch_size=args.batch_size, rows_cap=args.rows_cap))
+    except (ValueError, OSError) as e:          # TraceFormatError, unknown preset, bad knob
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stats = trace_stats(trace)
+    print(format_stats(stats))
+    if args.json:
+        from tools.harness_run import write_json
+        write_json(args.json, stats)
+    else:
+        print(json.dumps(stats["total"], sort_keys=True))
+    return 0
+
+
+def add_stats_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("stats", help="rows touched, repeats, reuse and Zipf skew of a trace (JSON + table)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("file", nargs="?", default=None, help="trace file (.npz)")
+    p.add_argument("--preset", default=None, help="generate the preset's trace instead of reading a file")
+    p.add_argument("--batches", type=int, default=4, help="with --preset: batches (default 4)")
+    p.add_argument("--seed", type=lambda x: int(x, 0), default=1, help="with --preset: seed (default 1)")
+    p.add_argument("--batch-size", type=int, default=None, help="with --preset: samples per batch")
+    p.add_argument("--rows-cap", type=int, default=None, help="with --preset: cap every table at R rows")
+    p.add_argument("--json", default=None, help="write the full JSON here")
+    p.set_defaults(func=cmd_stats)
+    return p
