@@ -1,9 +1,9 @@
 """FPGA memory rules (issue 13): tools/mem_audit.py's classification, the device's memories,
 and the rebuilt bias table's single write port (Amaranth's simulator).
 
-The device test is a ratchet: ``KNOWN_FF_MEMORIES`` lists the memories that still become
-flip-flops above the 4-kbit limit (README, Synthesis). It fails when a new one appears and
-when a listed one has been rebuilt (then it must leave the list)."""
+The device test: no memory of the default device becomes flip-flops above the 4-kbit limit
+(README, Synthesis); the memories rebuilt in issue 13 (the update engine's scratchpad and tag
+store, the CXL.cache agent's tracker data) are named, so a regression says which one."""
 import pytest
 from amaranth import Module
 from amaranth.lib import memory, wiring
@@ -14,9 +14,8 @@ from hw.config import DeviceConfig
 from hw.cxl_controller.bias import BiasTable
 from tools.mem_audit import FF_LIMIT_BITS, audit, classify, format_table, summary, violations
 
-# Still multi-write-port memories above the limit (issue 13 rebuilds them; keep this list
-# in step with the README's Synthesis section).
-KNOWN_FF_MEMORIES = {"update.scratch", "update.tags", "cxl_cache.t_data"}
+# Multi-write-port memories rebuilt in issue 13 (hw/common/ram.py) and what they became.
+REBUILT = {"update.scratch": "bram", "update.tags_way": "bram", "cxl_cache.t_data": "lutram"}
 
 
 @pytest.mark.parametrize("w, ra, rs, depth, bits, want", [
@@ -61,15 +60,17 @@ def test_audit_walks_the_hierarchy():
 
 
 def test_default_device_flip_flop_memories():
-    """No memory of the default device maps to flip-flops above FF_LIMIT_BITS, except the
-    known ones still to be rebuilt (the list may only shrink)."""
+    """No memory of the default device maps to flip-flops above FF_LIMIT_BITS; the rebuilt
+    ones are one-write banks of block RAM / LUT RAM with only a small flip-flop LVT."""
     reports = audit(DeviceConfig())
-    bad = {r.path for r in violations(reports, FF_LIMIT_BITS)}
-    new = bad - KNOWN_FF_MEMORIES
-    assert not new, "new flip-flop memories above the limit:\n" + format_table(
-        [r for r in reports if r.path in new])
-    fixed = KNOWN_FF_MEMORIES - bad
-    assert not fixed, f"{sorted(fixed)} no longer map to flip-flops: remove them from KNOWN_FF_MEMORIES"
+    bad = violations(reports, FF_LIMIT_BITS)
+    assert not bad, "flip-flop memories above the limit:\n" + format_table(bad)
+    for prefix, mapping in REBUILT.items():
+        parts = [r for r in reports if r.path.startswith(prefix)]
+        banks = [r for r in parts if not r.path.endswith(".lvt")]
+        assert banks and all(r.mapping == mapping and r.write_ports == 1 for r in banks), \
+            format_table(parts)
+        assert sum(r.bits for r in parts if r.mapping == "ff") <= 1024, format_table(parts)
     bias = next(r for r in reports if r.path == "bias.bits")
     assert bias.mapping == "lutram" and bias.write_ports == 1
 

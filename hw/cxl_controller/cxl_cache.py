@@ -68,6 +68,7 @@ from ..common.cxl_cache import (D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData
                                 H2DReqOpcode as Snp, H2DRspOpcode as HRsp, GOState, QID_BITS)
 from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS
 from ..common.stream_util import RoundRobinArbiter
+from ..common.ram import LvtRam
 from .cache_port import CacheRsp, CacheOp, cache_port_signature
 from .cxl_mem import FWD
 
@@ -203,7 +204,9 @@ class CxlCacheAgent(wiring.Component):
         (go_alloc, go_set), (go_f,) = tmem("t_go", GOState, 2, 1)
         (er_alloc, er_rsp, er_dat), (er_f,) = tmem("t_err", 1, 3, 1)
         (bg_alloc, bg_set), (bg_p,) = tmem("t_bogus", 1, 2, 1)
-        m.submodules.t_data = t_data = memory.Memory(shape=LINE_BITS, depth=n, init=[])
+        # Two writers (allocation, H2D data) and three asynchronous readers: two one-write LUT
+        # RAMs (three read replicas each) and a live value table (hw/common/ram.py).
+        m.submodules.t_data = t_data = LvtRam(shape=LINE_BITS, depth=n, name="t_data")
         t_wr_fe = t_data.write_port()
         t_wr_h2d = t_data.write_port()
         t_rd_pull = t_data.read_port(domain="comb")

@@ -137,6 +137,7 @@ from amaranth.utils import ceil_log2
 from ..common.cxl_mem import LINE_BITS
 from ..common.fp32 import ONE, FmaOp, Fp32Fma
 from ..common.fp32_div import Fp32DivInt
+from ..common.ram import BypassRam, LvtRam
 from ..mem.arbiter import client_port_signature
 from .command import AddressFault, FLOATS_PER_LINE, MAX_TABLES, NdpError, PoolMode, engine_control_signature
 
@@ -325,6 +326,21 @@ class Mgr(enum.IntEnum):
     FL_CHK = 7
 
 
+
+class _TagWrite:
+    """A tag-store write request: set, per-way entries and per-way enables."""
+    def __init__(self, set_bits: int, ways: int, entry_bits: int):
+        self.addr = Signal(set_bits)
+        self.data = Signal(ways * entry_bits)
+        self.en = Signal(ways)
+
+
+class _TagRead:
+    """The tag-store read: a set in, its ways out the next cycle."""
+    def __init__(self, set_bits: int, width: int):
+        self.addr = Signal(set_bits)
+        self.data = Signal(width)
+
 class UpdateEngine(wiring.Component):
     """Sparse SGD of a TBE batch (opcode UPDATE); see the module docstring."""
     WAYS = 8
@@ -508,7 +524,10 @@ class UpdateEngine(wiring.Component):
                 m.d.sync += [media_err.eq(1), media_info.eq(Cat(Const(0, 24), rkind))]
 
         # ---------------------------------------------------------------- memories --
-        m.submodules.scratch = scratch = Memory(shape=LINE_BITS, depth=SL, init=[])
+        # Two writers (fills, FMA results) and two readers (FMA row operand, write-backs):
+        # four one-write one-read block RAMs and a live value table (hw/common/ram.py). The
+        # FMA operand read sees a result written in its own cycle through a bypass register.
+        m.submodules.scratch = scratch = LvtRam(shape=LINE_BITS, depth=SL, name="scratch")
         scr_fill = scratch.write_port()
         scr_upd = scratch.write_port()
         scr_rd = scratch.read_port(transparent_for=(scr_upd,))     # FMA row operand
@@ -954,10 +973,33 @@ class UpdateEngine(wiring.Component):
         s1_set = Signal(TSB)
         m.d.comb += s1_set.eq(_hash(s1_addr, TSB, 0x9E3779B1))
         entry = data.StructLayout({"valid": 1, "key": 32, "slot": SB})
-        m.submodules.tags = tags = Memory(shape=W * entry.size, depth=1 << TSB, init=[])
-        tag_wp = tags.write_port(granularity=entry.size)      # inserts (and flush invalidations)
-        tag_drop = tags.write_port(granularity=entry.size)    # the victim's entry, same cycle as the insert
-        tag_rp = tags.read_port(transparent_for=(tag_wp, tag_drop))
+        # The tag store: one block RAM per way, one write port each, read with a bypass of that
+        # port's same-cycle write. Inserts (and the INIT sweep) write at once; a drop (the
+        # victim's entry, decided in the insert's cycle, or a flush invalidation) lands one
+        # cycle later through the same port. That never meets an insert: every insert moves
+        # the manager to FILL for at least one cycle, and FL_CHK inserts nothing. Nothing reads
+        # the tags in those cycles: LOOK uses tag data read at least one cycle after the drop
+        # (FILL, or FL_CHK then IDLE, come first).
+        tag_wp = _TagWrite(TSB, W, entry.size)                # inserts (and the INIT sweep)
+        tag_drop = _TagWrite(TSB, W, entry.size)              # invalidations (data ignored: 0)
+        tag_rp = _TagRead(TSB, W * entry.size)
+        drop_pending = Signal(W)
+        drop_addr = Signal(TSB)
+        m.d.sync += [drop_pending.eq(tag_drop.en), drop_addr.eq(tag_drop.addr)]
+        tag_rd_ways = []
+        for w in range(W):
+            way_mem = BypassRam(shape=entry.size, depth=1 << TSB, name=f"tags_way{w}")
+            m.submodules[f"tags_way{w}"] = way_mem
+            way_w = way_mem.write_port()
+            way_r = way_mem.read_port(bypass=True)
+            with m.If(tag_wp.en[w]):
+                m.d.comb += [way_w.addr.eq(tag_wp.addr), way_w.data.eq(tag_wp.data.word_select(w, entry.size)),
+                             way_w.en.eq(1)]
+            with m.Elif(drop_pending[w]):
+                m.d.comb += [way_w.addr.eq(drop_addr), way_w.data.eq(0), way_w.en.eq(1)]
+            m.d.comb += way_r.addr.eq(tag_rp.addr)
+            tag_rd_ways.append(way_r.data)
+        m.d.comb += tag_rp.data.eq(Cat(*tag_rd_ways))
         # S2 re-reads its own set while it waits (a miss rewrites tags meanwhile).
         m.d.comb += tag_rp.addr.eq(Mux(s1_move, s1_set, s2_set))
         with m.If(s1_move):
