@@ -26,12 +26,14 @@ Contract (what faces what; one clock, ``aclk``):
   hw/common/cxl_cache.py) as its ``as_value()``: the first field at bit 0, each next field
   above it, zero-padded at the top to a multiple of 8 bits. The bit positions are those of
   the layouts, never restated here: ``trainingcxl verilog --board u200`` writes them out
-  (``tdata_bit_map()``).
+  (tools/board_cmd.py, ``trainingcxl_u200_top_ports.md``).
 - ``irq`` Out: level, high while STATUS & IRQ_ENABLE is non-zero.
 
 The device is ``TrainingCxlDevice(config)`` with ``cache_test_port`` off (the FPGA build has
 no test port). Every port name comes from the device's signature by the rules in
-``board_members``; nothing else here knows the device's ports.
+``board_members``; nothing else here knows the device's ports. ``U200Top.port_map`` lists
+them: (board port name, board member, device port path or None for clock, reset and the
+AXI4 constants).
 """
 from amaranth import Module, ClockDomain, ClockSignal, ResetSignal, Value
 from amaranth.lib import data, stream, wiring
@@ -114,11 +116,11 @@ class U200Top(wiring.Component):
             raise ValueError("the board top needs cache_test_port=False (no test port on the FPGA)")
         self.config = config
         self._device = TrainingCxlDevice(config)
-        self._rows = board_members(self._device)
-        super().__init__({name: member for name, member, _ in self._rows})
+        self.port_map = board_members(self._device)
+        super().__init__({name: member for name, member, _ in self.port_map})
         # Vivado IP integrator: aclk clocks every interface, aresetn is its active-low reset,
         # irq is a level interrupt (X_INTERFACE_* attributes on the ports).
-        busifs = sorted({name.rsplit("_", 1)[0] for name, _, _ in self._rows if name.startswith(("s_", "m_"))})
+        busifs = sorted({name.rsplit("_", 1)[0] for name, _, _ in self.port_map if name.startswith(("s_", "m_"))})
         self.aclk.attrs.update({
             "X_INTERFACE_INFO": "xilinx.com:signal:clock:1.0 aclk CLK",
             "X_INTERFACE_PARAMETER": f"ASSOCIATED_BUSIF {':'.join(busifs)}, ASSOCIATED_RESET aresetn"})
@@ -143,7 +145,7 @@ class U200Top(wiring.Component):
             ResetSignal("sync").eq(reset_sync.rst),
         ]
         m.submodules.device = device = self._device
-        for name, member, path in self._rows:
+        for name, member, path in self.port_map:
             port = getattr(self, name)
             if path is None:
                 if name not in ("aclk", "aresetn"):          # an AXI4 constant
