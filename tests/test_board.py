@@ -267,3 +267,20 @@ def test_csr_through_board_top_in_pysim():
     assert results["scratch"] == 0x1234_5678
     assert results["constants"] == {name: value for name, (_, value, _) in AXI4_CONSTANTS.items()}
     assert results["scratch_after_reset"] == csr_map.register("SCRATCH").fields[0].reset
+
+
+def test_cli_board_options(monkeypatch, tmp_path):
+    import tools.board_cmd as board_cmd
+    from tools.cli import main
+    assert main(["verilog", "--board", "u200", "--sim-config"]) == 2
+    seen = {}
+
+    def fake_write_board(board, out, config):
+        seen.update(board=board, out=out, config=config)
+        paths = {"verilog": out / "top.v", "xdc": out / "top.xdc", "ports": out / "ports.md"}
+        paths["verilog"].write_text("")
+        return paths
+    monkeypatch.setattr(board_cmd, "write_board", fake_write_board)
+    assert main(["verilog", "--board", "u200", "--clock-mhz", "250", "-o", str(tmp_path)]) == 0
+    assert seen["board"] == "u200" and seen["out"] == tmp_path
+    assert seen["config"] == DeviceConfig(clock_mhz=250)

@@ -1,6 +1,7 @@
 """``trainingcxl verilog --board u200 [-o DIR]``: a board top's Verilog, XDC template and port map.
 
-Writes into DIR (default ``build/board``), for the default ``DeviceConfig``:
+Writes into DIR (default ``build/board``), for the default ``DeviceConfig`` (``--clock-mhz``
+sets the clock it will run at: the CLOCK_MHZ CSR and the XDC's period):
 - ``trainingcxl_u200_top.v``: hw/board/u200.py's ``U200Top`` (top ``trainingcxl_u200_top``).
 - ``trainingcxl_u200_top.xdc``: a constraints template. The clock period comes from
   ``DeviceConfig.clock_mhz``; the reset synchronizer's clear pins are a false path; comments
@@ -123,11 +124,11 @@ def lint_command(verilog_path: pathlib.Path, top_name: str = u200.TOP_NAME) -> l
     return ["verilator", "--lint-only", "-Wall", "--top-module", top_name, str(WAIVERS), str(verilog_path)]
 
 
-def cmd_board_verilog(args) -> int:
+def cmd_board_verilog(args, config: DeviceConfig) -> int:
+    """``config``: the default DeviceConfig, ``clock_mhz`` possibly changed (``--clock-mhz``)."""
     if getattr(args, "sim_config", False):
         print("--board builds the FPGA configuration; --sim-config does not apply", file=sys.stderr)
         return 2
-    config = DeviceConfig()
     t0 = time.perf_counter()
     paths = write_board(args.board, pathlib.Path(args.output or DEFAULT_OUTPUT), config)
     lines = len(paths["verilog"].read_text().splitlines())

@@ -34,14 +34,18 @@ TOP_NAME = "trainingcxl_device"
 
 
 def _config(args):
+    import dataclasses
     from hw.config import DeviceConfig
-    return DeviceConfig.for_simulation() if getattr(args, "sim_config", False) else DeviceConfig()
+    cfg = DeviceConfig.for_simulation() if getattr(args, "sim_config", False) else DeviceConfig()
+    if getattr(args, "clock_mhz", None):
+        cfg = dataclasses.replace(cfg, clock_mhz=args.clock_mhz)
+    return cfg
 
 
 def cmd_verilog(args) -> int:
     if getattr(args, "board", None):
         from tools.board_cmd import cmd_board_verilog
-        return cmd_board_verilog(args)
+        return cmd_board_verilog(args, _config(args))
     from amaranth.back import verilog
     from hw.top import TrainingCxlDevice
     out = pathlib.Path(args.output or "build/verilog")
@@ -235,6 +239,9 @@ def main(argv=None) -> int:
                    help="the simulation configuration (small memory) instead of the default")
     v.add_argument("--board", choices=["u200"],
                    help="the board integration top instead (hw/board/): Verilog, XDC template, port map")
+    v.add_argument("--clock-mhz", type=int,
+                   help="the clock the device will run at (CLOCK_MHZ CSR; the XDC period with --board); "
+                        "default DeviceConfig.clock_mhz")
     v.set_defaults(func=cmd_verilog)
 
     lint = sub.add_parser("lint", help="verilator --lint-only -Wall on the generated Verilog")
