@@ -95,15 +95,13 @@ def board_members(device: TrainingCxlDevice):
         if isinstance(top.signature, stream.Signature):
             name = prefix + STREAM_SIGNALS[path[1]]
             shape = tdata_width(member.shape) if path[1] == "payload" else 1
-            rows.append((name, In(shape) if member.flow == In else Out(shape), path))
+            rows.append((name, member.flow(shape), path))
             continue
         rows.append((prefix + path[1], member.flow(member.shape), path))
-        if isinstance(top.signature, Axi4Signature) and path[1] == "awburst":
+        if isinstance(top.signature, Axi4Signature) and path[1] in ("awburst", "arburst"):
+            # the address channel's constants follow its burst type
             rows += [(prefix + sig, Out(width), None) for sig, (width, _, _) in AXI4_CONSTANTS.items()
-                     if sig.startswith("aw")]
-        if isinstance(top.signature, Axi4Signature) and path[1] == "arburst":
-            rows += [(prefix + sig, Out(width), None) for sig, (width, _, _) in AXI4_CONSTANTS.items()
-                     if sig.startswith("ar")]
+                     if sig.startswith(path[1][:2])]
     return rows
 
 
