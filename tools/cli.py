@@ -78,6 +78,7 @@ def cmd_lint(args) -> int:
     # The board top (hw/board/): the same device behind flat AMBA ports.
     from tools.board_cmd import lint_command, write_board
     board = write_board("u200", REPO / "build" / "board")
+    print(f"wrote {board['verilog']} (the U200 board top)")
     cmd3 = lint_command(board["verilog"])
     print("$", " ".join(cmd3))
     result3 = subprocess.run(cmd3)
