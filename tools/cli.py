@@ -1,7 +1,8 @@
 """The ``trainingcxl`` command line.
 
   trainingcxl verilog -o DIR          Verilog of the device (DIR/trainingcxl_device.v)
-  trainingcxl lint                    verilator --lint-only -Wall on it (hw/trainingcxl.vlt)
+  trainingcxl verilog --board u200    the Alveo U200 board top: Verilog, XDC, port map (build/board)
+  trainingcxl lint                    verilator --lint-only -Wall on both (hw/trainingcxl.vlt)
   trainingcxl stress --channel mem    random CXL.mem stress on Verilator, JSON + table
   trainingcxl stress --channel cache  CXL.cache coherence stress (device vs host CPU cache)
   trainingcxl bench --json FILE       named performance figures, JSON + table
@@ -33,14 +34,21 @@ TOP_NAME = "trainingcxl_device"
 
 
 def _config(args):
+    import dataclasses
     from hw.config import DeviceConfig
-    return DeviceConfig.for_simulation() if getattr(args, "sim_config", False) else DeviceConfig()
+    cfg = DeviceConfig.for_simulation() if getattr(args, "sim_config", False) else DeviceConfig()
+    if getattr(args, "clock_mhz", None):
+        cfg = dataclasses.replace(cfg, clock_mhz=args.clock_mhz)
+    return cfg
 
 
 def cmd_verilog(args) -> int:
+    if getattr(args, "board", None):
+        from tools.board_cmd import cmd_board_verilog
+        return cmd_board_verilog(args, _config(args))
     from amaranth.back import verilog
     from hw.top import TrainingCxlDevice
-    out = pathlib.Path(args.output)
+    out = pathlib.Path(args.output or "build/verilog")
     out.mkdir(parents=True, exist_ok=True)
     cfg = _config(args)
     text = verilog.convert(TrainingCxlDevice(cfg), name=TOP_NAME, emit_src=False)
@@ -67,7 +75,14 @@ def cmd_lint(args) -> int:
     cmd2 = ["verilator", "--lint-only", "-Wall", "--top-module", "pmem_media", str(media)]
     print("$", " ".join(cmd2))
     result2 = subprocess.run(cmd2)
-    ok = result.returncode == 0 and result2.returncode == 0
+    # The board top (hw/board/): the same device behind flat AMBA ports.
+    from tools.board_cmd import lint_command, write_board
+    board = write_board("u200", REPO / "build" / "board")
+    print(f"wrote {board['verilog']} (the U200 board top)")
+    cmd3 = lint_command(board["verilog"])
+    print("$", " ".join(cmd3))
+    result3 = subprocess.run(cmd3)
+    ok = result.returncode == 0 and result2.returncode == 0 and result3.returncode == 0
     print("lint clean" if ok else "lint FAILED")
     return 0 if ok else 1
 
@@ -220,9 +235,14 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("verilog", help="write the device's Verilog")
-    v.add_argument("-o", "--output", default="build/verilog", help="output folder")
+    v.add_argument("-o", "--output", help="output folder (build/verilog; build/board with --board)")
     v.add_argument("--sim-config", action="store_true",
                    help="the simulation configuration (small memory) instead of the default")
+    v.add_argument("--board", choices=["u200"],
+                   help="the board integration top instead (hw/board/): Verilog, XDC template, port map")
+    v.add_argument("--clock-mhz", type=int,
+                   help="the clock the device will run at (CLOCK_MHZ CSR; the XDC period with --board); "
+                        "default DeviceConfig.clock_mhz")
     v.set_defaults(func=cmd_verilog)
 
     lint = sub.add_parser("lint", help="verilator --lint-only -Wall on the generated Verilog")
