@@ -310,14 +310,14 @@ class Fp32Fma(wiring.Component):
     """binary32 a*b+c / a+c / a*b, pipelined, one result per cycle; see the module docstring."""
     LATENCY = 5                     # of the default (compact) pipeline
     DEEP_LATENCY = 15
-    PIPELINES = ("compact", "deep")
+    LATENCIES = {"compact": LATENCY, "deep": DEEP_LATENCY}
 
     def __init__(self, tag_width: int = 8, pipeline: str = "compact"):
-        if pipeline not in self.PIPELINES:
-            raise ValueError(f"pipeline must be one of {self.PIPELINES}, not {pipeline!r}")
+        if pipeline not in self.LATENCIES:
+            raise ValueError(f"pipeline must be one of {tuple(self.LATENCIES)}, not {pipeline!r}")
         self.tag_width = tag_width
         self.pipeline = pipeline
-        self.latency = self.LATENCY if pipeline == "compact" else self.DEEP_LATENCY
+        self.latency = self.LATENCIES[pipeline]
         super().__init__({
             "a": In(32), "b": In(32), "c": In(32), "op": In(2),
             "i_valid": In(1), "i_tag": In(tag_width),

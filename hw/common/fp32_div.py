@@ -54,14 +54,14 @@ class Fp32DivInt(wiring.Component):
     """x / fp32(L) for integer L, pipelined; see the module docstring."""
     LATENCY = 1 + (QBITS + BITS_PER_STAGE - 1) // BITS_PER_STAGE + 2     # the default (compact) pipeline
     DEEP_LATENCY = 3 + (QBITS + DEEP_BITS_PER_STAGE - 1) // DEEP_BITS_PER_STAGE + 1 + DEEP_ROUND_STAGES + 1
-    PIPELINES = ("compact", "deep")
+    LATENCIES = {"compact": LATENCY, "deep": DEEP_LATENCY}
 
     def __init__(self, tag_width: int = 8, pipeline: str = "compact"):
-        if pipeline not in self.PIPELINES:
-            raise ValueError(f"pipeline must be one of {self.PIPELINES}, not {pipeline!r}")
+        if pipeline not in self.LATENCIES:
+            raise ValueError(f"pipeline must be one of {tuple(self.LATENCIES)}, not {pipeline!r}")
         self.tag_width = tag_width
         self.pipeline = pipeline
-        self.latency = self.LATENCY if pipeline == "compact" else self.DEEP_LATENCY
+        self.latency = self.LATENCIES[pipeline]
         super().__init__({
             "x": In(32), "l": In(16),
             "i_valid": In(1), "i_tag": In(tag_width),
