@@ -1,9 +1,11 @@
 """binary32 division by a small integer: x / fp32(L), correctly rounded, one result per cycle.
 
-``Fp32DivInt`` -- plain pipeline (no backpressure), like ``hw.common.fp32.Fp32Fma``:
+``Fp32DivInt(tag_width=8, pipeline="compact")`` -- plain pipeline (no backpressure), like
+``hw.common.fp32.Fp32Fma``:
 - Inputs: ``x`` (binary32 pattern), ``l`` (16-bit unsigned integer L), ``i_valid``, ``i_tag``.
 - Outputs: ``o_result``, ``o_valid``, ``o_tag``; an operand set presented in cycle n comes out
-  in cycle n + ``LATENCY`` (= 10 registers). ``rst`` clears the valid bits only.
+  in cycle n + ``latency``: ``LATENCY`` (= 10 registers) for the default pipeline "compact",
+  ``DEEP_LATENCY`` (= 20) for "deep" (``LATENCIES``). ``rst`` clears the valid bits only.
 - Result: the IEEE-754 division x / fp32(L) (fp32(L) is exact for L < 2^24), round to nearest
   even, subnormals kept. With x = 1.0 it gives fp32(1/L). Bit-exact with numpy
   ``np.float32(x) / np.float32(L)`` for every x and every L in 0..65535.
@@ -15,6 +17,20 @@ restoring digit recurrence produces q = floor(mx * 2^18 / mL) (27 bits, >= 2^25)
 quotient bits per pipeline stage, and the remainder's nonzero-ness is the sticky bit. The
 exact quotient lies in (q, q+1) or equals q, so q plus sticky round exactly like the real
 quotient (``round_pack_stage1/2`` of ``hw.common.fp32``, which also handle subnormal results).
+
+Pipelines (same ports, same results bit for bit; LUT levels per stage measured as in
+``hw.common.fp32``'s docstring, with ``Fp32DivInt`` and ``-top fp32_div_int``):
+- "compact" (default; the engines' timing assumes its 10): 1 classify, normalise x and L
+  (11 levels from the ports); 2..8 restoring recurrence, BITS_PER_STAGE = 4 bits a stage
+  (12, 12, 19, 20, 20, 20, 17: about 5 levels a bit: compare, then select the remainder);
+  9 normalise (19); 10 round, pack, special select (3). Max 20.
+- "deep" (registers ``d<k>_*``): d1 unpack x (4); d2 special cases, tree leading-zero counts
+  of x's mantissa and of L (6); d3 normalise both, d and -d, first partial remainder,
+  exponent (5); d4..d12 non-restoring recurrence (``nonrestoring_step``: one add of +-d per
+  bit, picked by the remainder's sign), DEEP_BITS_PER_STAGE = 3 bits a stage (5, 6, 6, then
+  3 once only zeros are brought down); d13 sticky bit (the restoring remainder is r, or
+  r + d when r < 0) (5); d14..d19 ``normalise_round_deep`` of hw.common.fp32 (4, 2, 3, 4,
+  4, 2); output: special select (1). Max 6 (<= 8 for 250 MHz).
 """
 from __future__ import annotations
 
@@ -51,7 +67,11 @@ def nonrestoring_step(m, r, bit, d, nd, name):
 
 
 class Fp32DivInt(wiring.Component):
-    """x / fp32(L) for integer L, pipelined; see the module docstring."""
+    """x / fp32(L) for integer L, pipelined; see the module docstring.
+
+    Parameters: ``tag_width``; ``pipeline``, "compact" (default) or "deep".
+    Attributes: ``pipeline``, ``latency``; class attributes ``LATENCY`` (the compact
+    pipeline's, 10), ``DEEP_LATENCY``, ``LATENCIES``."""
     LATENCY = 1 + (QBITS + BITS_PER_STAGE - 1) // BITS_PER_STAGE + 2     # the default (compact) pipeline
     DEEP_LATENCY = 3 + (QBITS + DEEP_BITS_PER_STAGE - 1) // DEEP_BITS_PER_STAGE + 1 + DEEP_ROUND_STAGES + 1
     LATENCIES = {"compact": LATENCY, "deep": DEEP_LATENCY}
