@@ -446,10 +446,9 @@ class Fp32Fma(wiring.Component):
         s = st.cut(s, drop=("ma", "mb", "ep", "ec", "pz"), p=s["ma"] * s["mb"], sh=shift, base=base)
         # d6: product (DSP P register); c shifted right by the multiple-of-16 part; c's sticky
         # bit: a c bit below window bit 0 is one of c's lowest sh - 50 bits
-        sh = s["sh"]
         s = st.cut(s, drop=("mc", "tzc"), p=s["p"],
-                   cq=Cat(Const(0, 50), s["mc"]) >> Cat(Const(0, 4), sh[4:]), sh=sh[:4],
-                   sticky=s["tzc"] + 50 < sh)
+                   cq=Cat(Const(0, 50), s["mc"]) >> Cat(Const(0, 4), s["sh"][4:]), sh=s["sh"][:4],
+                   sticky=s["tzc"] + 50 < s["sh"])
         # d7: c shifted by the rest
         s = st.cut(s, drop=("cq", "sticky"), cx=Cat(s["sticky"], s["cq"] >> s["sh"]))
         # d8: add / subtract, magnitude
