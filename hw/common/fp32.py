@@ -247,7 +247,7 @@ class Stages:
 
 
 DEEP_NORM_CHUNK = 16     # leading-zero pieces and coarse shift step of the deep normaliser
-DEEP_ROUND_STAGES = 6    # register cuts of ``normalise_round_deep``
+DEEP_ROUND_STAGES = 5    # register cuts of ``normalise_round_deep``
 
 
 def normalise_round_deep(st: Stages, s: dict, *, zero_flag: bool = False) -> dict:
@@ -260,14 +260,14 @@ def normalise_round_deep(st: Stages, s: dict, *, zero_flag: bool = False) -> dic
 
     1. first half of the leading-zero count (DEEP_NORM_CHUNK-bit pieces); lim = etop + 126
        (the most the value may move up before its top bit passes the subnormal exponent);
-    2. second half: lz; for a window wholly below the subnormal range (lim < 0) the right
-       shift rs = min(-lim, w);
-    3. left shift tl = min(lim, lz); the mask of the bits a right shift drops; right shift by
-       the multiple-of-16 part of rs;
-    4. left shift by the multiple-of-16 part of tl; right shift by the rest; the right
-       shift's sticky bit; efm = lim - tl (0 when shifting right);
-    5. left shift by the rest; pick the left or right result;
-    6. round to nearest even and pack (``round_pack_stage2``).
+       for a window wholly below the subnormal range (lim < 0), the right shift
+       rs = min(-lim, w) that replaces the left shift;
+    2. second half: lz, and the left shift tl = min(lim, lz); the right shift by the
+       multiple-of-16 part of rs; the mask of the bits the right shift drops;
+    3. the left shift by the multiple-of-16 part of tl; the right shift by the rest and its
+       sticky bit; efm = lim - tl (0 when shifting right);
+    4. the left shift by the rest; pick the left or the right result;
+    5. round to nearest even and pack (``round_pack_stage2``).
     The left and right paths are the two branches of ``round_pack_stage1`` (lim < 0 implies
     t = lim < 0; lim >= 0 implies t >= 0), so the result is bit-identical."""
     clash = set(s) & {"zero", "lzp", "lim", "lz", "right", "rs", "tl", "mask", "mr", "ml", "sticky", "efm", "n", "fin"}
@@ -275,17 +275,18 @@ def normalise_round_deep(st: Stages, s: dict, *, zero_flag: bool = False) -> dic
     m, w, step = st.m, len(s["mag"]), DEEP_NORM_CHUNK.bit_length() - 1
     chunk = min(DEEP_NORM_CHUNK, 1 << (w - 1).bit_length())
     zero = {"zero": s["mag"] == 0} if zero_flag else {}
-    s = st.cut(s, drop=("etop",), lzp=lzc_parts(m, s["mag"], chunk, "nlz"), lim=s["etop"] + 126, **zero)
-    s = st.cut(s, drop=("lzp",), lz=lzc_finish(m, s["lzp"], chunk, "nlz"), right=s["lim"] < 0,
-               rs=Mux(s["lim"] < -w, w, -s["lim"])[:w.bit_length()])
-    s = st.cut(s, drop=("lz",), tl=Mux(s["lim"] < s["lz"], s["lim"], s["lz"])[:w.bit_length()],
-               mask=~(Const((1 << w) - 1, w) << s["rs"])[:w],
-               mr=s["mag"] >> Cat(Const(0, step), s["rs"][step:]), rs=s["rs"][:step])
-    s = st.cut(s, drop=("mag", "mask", "rs", "lim"),
+    lim = s["etop"] + 126
+    s = st.cut(s, drop=("etop",), lzp=lzc_parts(m, s["mag"], chunk, "nlz"), lim=lim, right=lim < 0,
+               rs=Mux(lim < -w, w, -lim)[:w.bit_length()], **zero)
+    lz = lzc_finish(m, s["lzp"], chunk, "nlz")
+    s = st.cut(s, drop=("lzp",), tl=Mux(s["lim"] < lz, s["lim"], lz)[:w.bit_length()],
+               mr=s["mag"] >> Cat(Const(0, step), s["rs"][step:]), rs=s["rs"][:step],
+               mask=~(Const((1 << w) - 1, w) << s["rs"])[:w])
+    s = st.cut(s, drop=("lim", "mag", "mask"),
                ml=(s["mag"] << Cat(Const(0, step), s["tl"][step:]))[:w], tl=s["tl"][:step],
                mr=s["mr"] >> s["rs"], sticky=s["right"] & ((s["mag"] & s["mask"]) != 0),
                efm=Mux(s["right"], 0, s["lim"] - s["tl"]))
-    s = st.cut(s, drop=("ml", "mr", "tl", "right"),
+    s = st.cut(s, drop=("ml", "mr", "tl", "rs", "right"),
                n=Mux(s["right"], s["mr"], (s["ml"] << s["tl"])[:w]))
     fin = round_pack_stage2(m, s["n"], s["sticky"], s["efm"], s["sign"], "rpd")
     return st.cut(s, drop=("n", "sticky", "efm", "sign"), fin=fin)
@@ -343,7 +344,7 @@ class Fp32Fma(wiring.Component):
     Attributes: ``pipeline``, ``latency`` (registers from inputs to outputs); class
     attributes ``LATENCY`` (the compact pipeline's, 5), ``DEEP_LATENCY``, ``LATENCIES``."""
     LATENCY = 5                     # of the default (compact) pipeline
-    DEEP_LATENCY = 15
+    DEEP_LATENCY = 13
     LATENCIES = {"compact": LATENCY, "deep": DEEP_LATENCY}
 
     def __init__(self, tag_width: int = 8, pipeline: str = "compact"):
@@ -449,13 +450,13 @@ class Fp32Fma(wiring.Component):
         s = st.cut(s, drop=("mc", "tzc"), p=s["p"],
                    cq=Cat(Const(0, 50), s["mc"]) >> Cat(Const(0, 4), s["sh"][4:]), sh=s["sh"][:4],
                    sticky=s["tzc"] + 50 < s["sh"])
-        # d7: c shifted by the rest
-        s = st.cut(s, drop=("cq", "sticky"), cx=Cat(s["sticky"], s["cq"] >> s["sh"]))
-        # d8: add / subtract, magnitude
-        mag, sign = add_aligned(m, s["p"], s["cx"], s["sp"], s["sc"])
-        s = st.cut(s, drop=("p", "cx", "sh", "sp", "sc", "base"), mag=mag, sign=sign,
+        # d7: c shifted by the rest; add / subtract, magnitude
+        cx = Signal(75, name="cx")
+        m.d.comb += cx.eq(Cat(s["sticky"], s["cq"] >> s["sh"]))
+        mag, sign = add_aligned(m, s["p"], cx, s["sp"], s["sc"])
+        s = st.cut(s, drop=("p", "cq", "sticky", "sh", "sp", "sc", "base"), mag=mag, sign=sign,
                    zs=s["sp"] & s["sc"], etop=s["base"] + 74)
-        # d9..d14: normalise, round, pack; then the special / zero select into the outputs
+        # d8..d12: normalise, round, pack; then the special / zero select into the outputs
         s = normalise_round_deep(st, s, zero_flag=True)
         res = Mux(s["spc"], s["spv"], Mux(s["zero"], Cat(Const(0, 31), s["zs"]), s["fin"]))
         m.d.sync += [self.o_valid.eq(s["v"]), self.o_tag.eq(s["tag"]), self.o_result.eq(res)]
