@@ -247,16 +247,17 @@ class Stages:
 
 
 DEEP_NORM_CHUNK = 16     # leading-zero pieces and coarse shift step of the deep normaliser
-DEEP_ROUND_STAGES = 5    # register cuts of ``normalise_round_deep``
+DEEP_ROUND_STAGES = 4    # register cuts of ``normalise_round_deep``
 
 
-def normalise_round_deep(st: Stages, s: dict, *, zero_flag: bool = False) -> dict:
-    """``round_pack_stage1`` + ``round_pack_stage2`` in DEEP_ROUND_STAGES register cuts.
+def normalise_round_deep(st: Stages, s: dict, *, zero_flag: bool = False) -> tuple[dict, Value]:
+    """``round_pack_stage1`` + ``round_pack_stage2`` in DEEP_ROUND_STAGES register cuts and
+    a last combinational part for the caller's output registers.
 
     ``s`` holds ``mag`` (the exact magnitude, unsigned; its top bit has exponent ``etop``),
-    ``etop`` and ``sign``; every other entry rides along. Returns the dict after the last
-    cut, with ``fin`` (the same 32-bit pattern as ``round_pack_stage2`` of the compact path)
-    and, with ``zero_flag``, ``zero`` (mag == 0). The stages:
+    ``etop`` and ``sign``; every other entry rides along. Returns (the dict after the last
+    cut, which with ``zero_flag`` holds ``zero`` = (mag == 0); the rounded 32-bit pattern,
+    combinational: the same as ``round_pack_stage2`` of the compact path). The stages:
 
     1. first half of the leading-zero count (DEEP_NORM_CHUNK-bit pieces); lim = etop + 126
        (the most the value may move up before its top bit passes the subnormal exponent);
@@ -267,10 +268,10 @@ def normalise_round_deep(st: Stages, s: dict, *, zero_flag: bool = False) -> dic
     3. the left shift by the multiple-of-16 part of tl; the right shift by the rest and its
        sticky bit; efm = lim - tl (0 when shifting right);
     4. the left shift by the rest; pick the left or the right result;
-    5. round to nearest even and pack (``round_pack_stage2``).
+    then (the caller's stage) round to nearest even and pack (``round_pack_stage2``).
     The left and right paths are the two branches of ``round_pack_stage1`` (lim < 0 implies
     t = lim < 0; lim >= 0 implies t >= 0), so the result is bit-identical."""
-    clash = set(s) & {"zero", "lzp", "lim", "lz", "right", "rs", "tl", "mask", "mr", "ml", "sticky", "efm", "n", "fin"}
+    clash = set(s) & {"zero", "lzp", "lim", "right", "rs", "tl", "mask", "mr", "ml", "sticky", "efm", "n"}
     assert not clash, f"names used by the normaliser: {clash}"
     m, w, step = st.m, len(s["mag"]), DEEP_NORM_CHUNK.bit_length() - 1
     chunk = min(DEEP_NORM_CHUNK, 1 << (w - 1).bit_length())
@@ -288,8 +289,7 @@ def normalise_round_deep(st: Stages, s: dict, *, zero_flag: bool = False) -> dic
                efm=Mux(s["right"], 0, s["lim"] - s["tl"]))
     s = st.cut(s, drop=("ml", "mr", "tl", "rs", "right"),
                n=Mux(s["right"], s["mr"], (s["ml"] << s["tl"])[:w]))
-    fin = round_pack_stage2(m, s["n"], s["sticky"], s["efm"], s["sign"], "rpd")
-    return st.cut(s, drop=("n", "sticky", "efm", "sign"), fin=fin)
+    return s, round_pack_stage2(m, s["n"], s["sticky"], s["efm"], s["sign"], "rpd")
 
 
 def select_operands(op, b, c):
@@ -344,7 +344,7 @@ class Fp32Fma(wiring.Component):
     Attributes: ``pipeline``, ``latency`` (registers from inputs to outputs); class
     attributes ``LATENCY`` (the compact pipeline's, 5), ``DEEP_LATENCY``, ``LATENCIES``."""
     LATENCY = 5                     # of the default (compact) pipeline
-    DEEP_LATENCY = 13
+    DEEP_LATENCY = 12
     LATENCIES = {"compact": LATENCY, "deep": DEEP_LATENCY}
 
     def __init__(self, tag_width: int = 8, pipeline: str = "compact"):
@@ -456,8 +456,8 @@ class Fp32Fma(wiring.Component):
         mag, sign = add_aligned(m, s["p"], cx, s["sp"], s["sc"])
         s = st.cut(s, drop=("p", "cq", "sticky", "sh", "sp", "sc", "base"), mag=mag, sign=sign,
                    zs=s["sp"] & s["sc"], etop=s["base"] + 74)
-        # d8..d12: normalise, round, pack; then the special / zero select into the outputs
-        s = normalise_round_deep(st, s, zero_flag=True)
-        res = Mux(s["spc"], s["spv"], Mux(s["zero"], Cat(Const(0, 31), s["zs"]), s["fin"]))
+        # d8..d11: normalise; then round, pack and the special / zero select into the outputs
+        s, fin = normalise_round_deep(st, s, zero_flag=True)
+        res = Mux(s["spc"], s["spv"], Mux(s["zero"], Cat(Const(0, 31), s["zs"]), fin))
         m.d.sync += [self.o_valid.eq(s["v"]), self.o_tag.eq(s["tag"]), self.o_result.eq(res)]
         assert st.count + 1 == self.DEEP_LATENCY, st.count

@@ -172,8 +172,8 @@ class Fp32DivInt(wiring.Component):
         # the restoring remainder is r, or r + d when r < 0: nonzero unless r == 0 or r == -d
         s = st.cut(s, drop=("r", "q", "num", "d", "nd"),
                    mag=Cat((s["r"] != 0) & ((s["r"] + s["d"])[:17] != 0), s["q"]))
-        # normalise, round, pack; then the special select into the outputs
-        s = normalise_round_deep(st, s)
+        # normalise; then round, pack and the special select into the outputs
+        s, fin = normalise_round_deep(st, s)
         m.d.sync += [self.o_valid.eq(s["v"]), self.o_tag.eq(s["tag"]),
-                     self.o_result.eq(Mux(s["spc"], s["spv"], s["fin"]))]
+                     self.o_result.eq(Mux(s["spc"], s["spv"], fin))]
         assert st.count + 1 == self.DEEP_LATENCY, st.count
