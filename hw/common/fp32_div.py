@@ -5,7 +5,7 @@
 - Inputs: ``x`` (binary32 pattern), ``l`` (16-bit unsigned integer L), ``i_valid``, ``i_tag``.
 - Outputs: ``o_result``, ``o_valid``, ``o_tag``; an operand set presented in cycle n comes out
   in cycle n + ``latency``: ``LATENCY`` (= 10 registers) for the default pipeline "compact",
-  ``DEEP_LATENCY`` (= 20) for "deep" (``LATENCIES``). ``rst`` clears the valid bits only.
+  ``DEEP_LATENCY`` (= 18) for "deep" (``LATENCIES``). ``rst`` clears the valid bits only.
 - Result: the IEEE-754 division x / fp32(L) (fp32(L) is exact for L < 2^24), round to nearest
   even, subnormals kept. With x = 1.0 it gives fp32(1/L). Bit-exact with numpy
   ``np.float32(x) / np.float32(L)`` for every x and every L in 0..65535.
@@ -24,13 +24,14 @@ Pipelines (same ports, same results bit for bit; LUT levels per stage measured a
   (11 levels from the ports); 2..8 restoring recurrence, BITS_PER_STAGE = 4 bits a stage
   (12, 12, 19, 20, 20, 20, 17: about 5 levels a bit: compare, then select the remainder);
   9 normalise (19); 10 round, pack, special select (3). Max 20.
-- "deep" (registers ``d<k>_*``): d1 unpack x (4); d2 special cases, tree leading-zero counts
-  of x's mantissa and of L (6); d3 normalise both, d and -d, first partial remainder,
-  exponent (5); d4..d12 non-restoring recurrence (``nonrestoring_step``: one add of +-d per
-  bit, picked by the remainder's sign), DEEP_BITS_PER_STAGE = 3 bits a stage (5, 6, 6, then
-  3 once only zeros are brought down); d13 sticky bit (the restoring remainder is r, or
-  r + d when r < 0) (5); d14..d19 ``normalise_round_deep`` of hw.common.fp32 (4, 2, 3, 4,
-  4, 2); output: special select (1). Max 6 (<= 8 for 250 MHz).
+- "deep" (registers ``d<k>_*``): d1 unpack x (4 from the ports); d2 special cases, tree
+  leading-zero counts of x's mantissa and of L (6); d3 normalise both, d and -d, first
+  partial remainder, exponent (5); d4..d12 non-restoring recurrence (``nonrestoring_step``:
+  one add of +-d per bit, picked by the remainder's sign), DEEP_BITS_PER_STAGE = 3 bits a
+  stage (5, 6, 6, then 3 once only zeros are brought down; each bit is also a 17-bit carry
+  chain); d13 sticky bit (the restoring remainder is r, or r + d when r < 0) (5);
+  d14..d17 ``normalise_round_deep`` of hw.common.fp32 (5, 4, 5, 4); output: round, pack,
+  special select (3). Max 6 (<= 8 for 250 MHz).
 """
 from __future__ import annotations
 
