@@ -4,14 +4,21 @@
   written here with Python Fractions (exact value, then explicit round-to-nearest-even with
   subnormals and overflow), on generated vectors including the float64 double-rounding
   traps; numpy's add/mul/div are checked the same way.
-- The RTL runs once through the bulk harness (sim/tb/fp32_campaign.py): every directed edge
-  set plus 20,000 random vectors per operator (fma, add, mul, div), with valid bubbles;
-  any mismatch fails and lists the first ones in hex. FP32_SEED=<n> repeats a run.
-- Lint: the generated Verilog passes verilator --lint-only -Wall with the Amaranth waivers.
-Longer runs: ``python -m sim.tb.fp32_campaign --op all --n 1000000 --seed 1``.
+- The RTL runs through the bulk harness (sim/tb/fp32_campaign.py) once per pipeline
+  ("compact", the default the engines use, and "deep"): every directed edge set plus 20,000
+  random vectors per operator (fma, add, mul, div), with valid bubbles; any mismatch fails
+  and lists the first ones in hex. The deep units also return the very same bit patterns as
+  the compact ones (NaNs included) on the directed sets plus 5,000 random vectors per
+  operator. FP32_SEED=<n> repeats a run.
+- Amaranth's simulator (no Verilator): deep and compact agree bit for bit on a sample of
+  the directed sets plus random vectors (both units), and match the golden model.
+- Lint: the generated Verilog (both pipelines) passes verilator --lint-only -Wall with the
+  Amaranth waivers.
+Longer runs: ``python -m sim.tb.fp32_campaign --op all --n 1000000 --seed 1 --pipeline both``.
 """
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 from fractions import Fraction
@@ -159,21 +166,118 @@ def test_check_reports_mismatches():
 
 
 # ------------------------------------------------------------------------------ RTL --
-@pytest.mark.sim
-def test_rtl_bit_exact():
-    """All directed sets + N_RANDOM random vectors per operator, one simulation, bubbles on."""
+def _all_ops(n):
+    """(op names, a, b, c): every directed set + n random vectors per operator."""
     names, va, vb, vc = [], [], [], []
     for op in fc.OPS:
-        a, b, c = _vectors(op, N_RANDOM)
+        a, b, c = _vectors(op, n)
         names.append(np.full(len(a), op))
         va.append(a)
         vb.append(b)
         vc.append(c)
-    names = np.concatenate(names)
-    bad, lines, _ = fc.run_mixed(names, np.concatenate(va), np.concatenate(vb), np.concatenate(vc), gap=True)
+    return np.concatenate(names), np.concatenate(va), np.concatenate(vb), np.concatenate(vc)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("pipeline", fc.PIPELINES)
+def test_rtl_bit_exact(pipeline):
+    """All directed sets + N_RANDOM random vectors per operator, one simulation, bubbles on."""
+    names, a, b, c = _all_ops(N_RANDOM)
+    bad, lines, _ = fc.run_mixed(names, a, b, c, gap=True, pipeline=pipeline)
     counts = {op: int((names == op).sum()) for op in fc.OPS}
-    assert not bad.any(), (f"{bad.sum()} mismatches of {counts} (FP32_SEED={SEED}); first:\n"
+    assert not bad.any(), (f"{pipeline}: {bad.sum()} mismatches of {counts} (FP32_SEED={SEED}); first:\n"
                            + "\n".join(lines))
+
+
+@pytest.mark.sim
+def test_rtl_deep_same_patterns_as_compact():
+    """The deep pipelines return the compact ones' exact bit patterns (NaN included)."""
+    names, a, b, c = _all_ops(5000)
+    compact, _ = fc.results(names, a, b, c, pipeline="compact")
+    deep, _ = fc.results(names, a, b, c, gap=True, pipeline="deep")
+    bad = np.flatnonzero(compact != deep)
+    assert not len(bad), f"{len(bad)} differences (FP32_SEED={SEED}); first:\n" + "\n".join(
+        f"{names[i]} {a[i]:08x} {b[i]:08x} {c[i]:08x} compact={compact[i]:08x} deep={deep[i]:08x}" for i in bad[:10])
+
+
+# ------------------------------------------------------- pipelines in Amaranth's simulator --
+@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
+def test_pipeline_parameters():
+    from hw.common.fp32 import Fp32Fma
+    from hw.common.fp32_div import Fp32DivInt
+    for unit in (Fp32Fma, Fp32DivInt):
+        compact, deep = unit(), unit(pipeline="deep")
+        assert (compact.pipeline, compact.latency) == ("compact", unit.LATENCY)
+        assert (deep.pipeline, deep.latency) == ("deep", unit.DEEP_LATENCY)
+        assert unit.DEEP_LATENCY > unit.LATENCY
+        with pytest.raises(ValueError):
+            unit(pipeline="fast")
+        del compact, deep
+        gc.collect()                              # the UnusedElaboratable warnings, here
+    assert (Fp32Fma.LATENCY, Fp32DivInt.LATENCY) == (5, 10)       # the engines' timing
+
+
+def _pysim_pair(unit, ports, vectors):
+    """Run ``vectors`` (a list of port value tuples) through the compact and the deep
+    ``unit`` side by side, one per cycle, in Amaranth's simulator; returns both result lists."""
+    from amaranth import Module
+    from amaranth.sim import Simulator
+    m = Module()
+    m.submodules.compact = compact = unit(16)
+    m.submodules.deep = deep = unit(16, pipeline="deep")
+    out = {compact: {}, deep: {}}
+
+    async def bench(ctx):
+        for i in range(len(vectors) + deep.latency + 1):
+            for u in (compact, deep):
+                ctx.set(u.i_valid, i < len(vectors))
+                ctx.set(u.i_tag, i & 0xFFFF)
+                for port, value in zip(ports, vectors[min(i, len(vectors) - 1)]):
+                    ctx.set(getattr(u, port), int(value))
+            await ctx.tick()
+            for u in (compact, deep):
+                if ctx.get(u.o_valid):
+                    out[u][i - u.latency + 1] = ctx.get(u.o_result)
+                    assert ctx.get(u.o_tag) == (i - u.latency + 1) & 0xFFFF
+
+    sim = Simulator(m)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return [[out[u][i] for i in range(len(vectors))] for u in (compact, deep)]
+
+
+def _sample(rng, n, *arrays):
+    pick = rng.choice(len(arrays[0]), min(n, len(arrays[0])), replace=False)
+    return [x[pick] for x in arrays]
+
+
+def test_pysim_deep_matches_compact():
+    from hw.common.fp32 import Fp32Fma
+    from hw.common.fp32_div import Fp32DivInt
+    rng = np.random.default_rng([SEED, 99])
+    names, a, b, c = [], [], [], []
+    for op in ("fma", "add", "mul"):
+        da, db, dc = _sample(rng, 300, *fc.directed(op))
+        ra, rb, rc = fc.gen_vectors(op, 500, rng)
+        names.append(np.full(len(da) + len(ra), op))
+        a += [da, ra]
+        b += [db, rb]
+        c += [dc, rc]
+    names, a, b, c = map(np.concatenate, (names, a, b, c))
+    ops = [fc.OPS[n] for n in names]
+    compact, deep = _pysim_pair(Fp32Fma, ("a", "b", "c", "op"), list(zip(a, b, c, ops)))
+    assert compact == deep
+    bad, lines = fc.check(names, a, b, c, np.array(deep, np.uint32))
+    assert not bad.any(), "\n".join(lines)
+
+    da, dl, _ = fc.directed("div")
+    ra, rl, _ = fc.gen_vectors("div", 1000, rng)
+    x, ls = np.concatenate([da, ra]), np.concatenate([dl, rl])
+    compact, deep = _pysim_pair(Fp32DivInt, ("x", "l"), list(zip(x, ls)))
+    assert compact == deep
+    bad, lines = fc.check(np.full(len(x), "div"), x, ls, np.zeros_like(x), np.array(deep, np.uint32))
+    assert not bad.any(), "\n".join(lines)
 
 
 @pytest.mark.sim
@@ -188,8 +292,8 @@ def test_lint(tmp_path):
     from sim import runner
     runner.setup_path()
     vlt = (runner.REPO / "hw" / "trainingcxl.vlt").read_text()
-    for v in fc.generate_verilog():
-        waiver = tmp_path / f"{v.stem}.vlt"
+    for v in [v for pipeline in fc.PIPELINES for v in fc.generate_verilog(pipeline)]:
+        waiver = tmp_path / f"{v.parent.name}_{v.stem}.vlt"
         waiver.write_text(vlt.replace('"*trainingcxl_device.v"', f'"*{v.name}"'))
         r = subprocess.run(["verilator-cli", "--lint-only", "-Wall", str(waiver), str(v)],
                            capture_output=True, text=True, cwd=tmp_path)

@@ -74,13 +74,15 @@ def _modules():
         "recovery": lambda: RecoveryEngine(addr_bits=ADDR_BITS, capacity_lines=lines, depth=4),
         "fp32_fma": lambda: Fp32Fma(),
         "fp32_div": lambda: Fp32DivInt(),
+        "fp32_fma_deep": lambda: Fp32Fma(pipeline="deep"),
+        "fp32_div_deep": lambda: Fp32DivInt(pipeline="deep"),
         "rr_arbiter": lambda: RoundRobinArbiter(M2SReq, 2),
     }
 
 
 NAMES = ["cxl_mem", "cxl_cache", "bias", "csr", "mem_arbiter", "axi_master", "interleave",
          "line_reader", "element_reader", "lookup", "update", "processor", "undo_log", "mlp_log", "recovery",
-         "fp32_fma", "fp32_div", "rr_arbiter"]
+         "fp32_fma", "fp32_div", "fp32_fma_deep", "fp32_div_deep", "rr_arbiter"]
 # Known sites in files owned elsewhere ({name: reason}); strict xfail, so an entry must go once
 # its site is fixed. None at present.
 KNOWN: dict[str, str] = {}

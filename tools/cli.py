@@ -12,7 +12,7 @@
   trainingcxl crash --points N ...    power-failure campaign: cut, recover, check, resume; JSON + table
   trainingcxl eval --models rm1,...   the paper's evaluation (PMEM/PCIe/CXL-D/CXL-B/CXL), JSON + report
   trainingcxl synth --target xc7      yosys synth_xilinx of the device: LUT/FF/BRAM/DSP, JSON + table
-  trainingcxl fp32 --n 1000000        FP32 units against the exact reference, JSON + table
+  trainingcxl fp32 --n 1000000        FP32 units against the exact reference, JSON + table (--pipeline deep)
   trainingcxl waves TEST              open the last waveform of TEST in GTKWave
 
 Every simulation command prints its seed and accepts --seed to replay. Results go to the
@@ -199,8 +199,8 @@ def cmd_fp32(args) -> int:
     from sim.tb.fp32_campaign import OPS, run_fp32_campaign
     seed = _seed(args)
     ops = list(OPS) if args.op == "all" else [args.op]
-    results = {op: run_fp32_campaign(op, args.n, seed) for op in ops}
-    flat = {}
+    results = {op: run_fp32_campaign(op, args.n, seed, args.pipeline) for op in ops}
+    flat = {"pipeline": args.pipeline}
     for op, r in results.items():
         flat[f"{op}_vectors"] = r["vectors"]
         flat[f"{op}_mismatches"] = r["mismatches"]
@@ -208,7 +208,8 @@ def cmd_fp32(args) -> int:
         for i, mm in enumerate(r.get("first_mismatches", [])[:3]):
             flat[f"{op}_mismatch_{i}"] = str(mm)
     flat["seed"] = seed
-    _emit(flat, args.json, f"FP32 units against the exact reference, {args.n} vectors per operator")
+    _emit(flat, args.json, f"FP32 units ({args.pipeline} pipeline) against the exact reference, "
+                           f"{args.n} vectors per operator")
     return 1 if any(r["mismatches"] for r in results.values()) else 0
 
 
@@ -269,6 +270,8 @@ def main(argv=None) -> int:
     f.add_argument("--op", default="all", choices=["fma", "add", "mul", "div", "all"])
     f.add_argument("--n", type=int, default=1_000_000, help="vectors per operator")
     f.add_argument("--seed", type=lambda x: int(x, 0))
+    f.add_argument("--pipeline", default="compact", choices=["compact", "deep"],
+                   help="which pipeline of the units (hw/common/fp32.py): the default, or the deep one")
     f.add_argument("--json", help="write the result here")
     f.set_defaults(func=cmd_fp32)
 

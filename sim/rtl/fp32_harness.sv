@@ -1,6 +1,9 @@
 // fp32_harness -- sim-only bulk driver for fp32_fma and fp32_div_int (hw/common/fp32*.py).
 //
 // Contract:
+// - The units are either pipeline of Fp32Fma / Fp32DivInt ("compact" or "deep", same module
+//   names, generated into separate folders by sim/tb/fp32_campaign.py); FMA_LAT / DIV_LAT
+//   must be the generated units' latencies (they also key the build folder).
 // - Plusargs: +fp32_n=<N> (1..DEPTH), +fp32_in=<file> ($readmemh, N lines of 128-bit words
 //   {30'b0, op[1:0], a[31:0], b[31:0], c[31:0]}), +fp32_fma_out=<file>, +fp32_div_out=<file>
 //   ($writememh of N 32-bit results each), optional +fp32_gap=1 (an LFSR drops i_valid in

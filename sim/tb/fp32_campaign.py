@@ -4,15 +4,21 @@
   zeros, subnormals, boundaries, Inf, quiet/signalling NaN), exact ties, FMA cancellation,
   under/overflow regions and uniform random bit patterns. ``directed(op)`` -> the fixed edge
   set (cross products of special values). For "div", b holds the integer L (x = a).
-- ``simulate(ops, a, b, c, gap=False)`` runs one Verilator simulation of
-  sim/rtl/fp32_harness.sv over all vectors (files in, files out; no per-vector Python) and
-  returns (fma_results, div_results, seconds).
-- ``run_fp32_campaign(op, n, seed)`` -> {"op", "vectors", "mismatches", "seconds", "seed",
-  "first_mismatches"}: n random vectors (plus, for n >= 10000, the directed set) checked bit
-  for bit against sim.model.fp32_ref; "seconds" is the wall time of generation, simulation
-  and checking.
+- ``pipeline``: which pipeline of the units runs, "compact" (the default, what the engines
+  use) or "deep" (``Fp32Fma(pipeline="deep")``, ``Fp32DivInt(pipeline="deep")``). Each has
+  its own generated Verilog (same module names) and harness build, with the latencies as
+  the harness's FMA_LAT / DIV_LAT.
+- ``simulate(ops, a, b, c, gap=False, pipeline="compact")`` runs one Verilator simulation
+  of sim/rtl/fp32_harness.sv over all vectors (files in, files out; no per-vector Python)
+  and returns (fma_results, div_results, seconds).
+- ``results(op_names, a, b, c, gap=False, pipeline="compact")`` -> (raw result patterns,
+  simulation seconds); ``run_mixed`` checks them (mismatch mask, first lines, seconds).
+- ``run_fp32_campaign(op, n, seed, pipeline="compact")`` -> {"op", "pipeline", "vectors",
+  "mismatches", "seconds", "seed", "first_mismatches"}: n random vectors (plus, for
+  n >= 10000, the directed set) checked bit for bit against sim.model.fp32_ref; "seconds" is
+  the wall time of generation, simulation and checking.
 Command line: ``python -m sim.tb.fp32_campaign --op fma --n 1000000 --seed 1`` (op: fma, add,
-mul, div, all).
+mul, div, all; ``--pipeline compact|deep|both``).
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ DEPTH = 1 << 20
 TOP = "fp32_harness"
 SV = runner.REPO / "sim" / "rtl" / "fp32_harness.sv"
 GEN = runner.BUILD / "fp32"
+PIPELINES = ("compact", "deep")
 
 SPECIALS = np.array([
     0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x00000002, 0x007FFFFF, 0x807FFFFF,
@@ -199,39 +206,47 @@ def reference(op: str, a, b, c) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------ simulation --
-def generate_verilog() -> list[pathlib.Path]:
-    """Amaranth -> build/fp32/fp32_fma.v and fp32_div_int.v (rewritten only when changed)."""
-    from amaranth.back import verilog
+def _units(pipeline: str):
+    """(Fp32Fma, Fp32DivInt) classes, after checking ``pipeline``."""
     from hw.common.fp32 import Fp32Fma
     from hw.common.fp32_div import Fp32DivInt
-    GEN.mkdir(parents=True, exist_ok=True)
+    if pipeline not in PIPELINES:
+        raise ValueError(f"pipeline must be one of {PIPELINES}, not {pipeline!r}")
+    return Fp32Fma, Fp32DivInt
+
+
+def generate_verilog(pipeline: str = "compact") -> list[pathlib.Path]:
+    """Amaranth -> fp32_fma.v and fp32_div_int.v (rewritten only when changed), in build/fp32/
+    for the compact pipeline, build/fp32/<pipeline>/ for another."""
+    from amaranth.back import verilog
+    gen = GEN if pipeline == "compact" else GEN / pipeline
+    gen.mkdir(parents=True, exist_ok=True)
     out = []
-    for name, comp in (("fp32_fma", Fp32Fma(20)), ("fp32_div_int", Fp32DivInt(20))):
-        path = GEN / f"{name}.v"
-        text = verilog.convert(comp, name=name, emit_src=False)
+    for name, unit in zip(("fp32_fma", "fp32_div_int"), _units(pipeline)):
+        path = gen / f"{name}.v"
+        text = verilog.convert(unit(20, pipeline=pipeline), name=name, emit_src=False)
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
         out.append(path)
     return out
 
 
-_BUILT: list[pathlib.Path] = []
+_BUILT: dict[str, pathlib.Path] = {}
 
 
-def build_harness() -> pathlib.Path:
-    """Generate the units' Verilog and build the harness (once per process)."""
-    if _BUILT:
-        return _BUILT[0]
-    from hw.common.fp32 import Fp32Fma
-    from hw.common.fp32_div import Fp32DivInt
+def build_harness(pipeline: str = "compact") -> pathlib.Path:
+    """Generate the units' Verilog and build the harness (once per process and pipeline)."""
+    if pipeline in _BUILT:
+        return _BUILT[pipeline]
+    fma, div = _units(pipeline)
     lock = runner.BUILD / "sim" / ".fp32.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        sources = generate_verilog() + [SV]
-        bdir = runner.build("fp32_harness", sources, TOP,
-                            parameters={"FMA_LAT": Fp32Fma.LATENCY, "DIV_LAT": Fp32DivInt.LATENCY})
-    _BUILT.append(bdir)
+        sources = generate_verilog(pipeline) + [SV]
+        bdir = runner.build("fp32_harness" if pipeline == "compact" else f"fp32_harness_{pipeline}", sources, TOP,
+                            parameters={"FMA_LAT": fma.LATENCIES[pipeline], "DIV_LAT": div.LATENCIES[pipeline]})
+    _BUILT[pipeline] = bdir
     return bdir
 
 
@@ -261,12 +276,12 @@ def _read_hex32(path: pathlib.Path, n: int) -> np.ndarray:
     return np.array([int(t, 16) for t in toks], dtype=np.uint32)
 
 
-def simulate(ops, a, b, c, *, gap: bool = False):
+def simulate(ops, a, b, c, *, gap: bool = False, pipeline: str = "compact"):
     """Run every vector through both units (one simulation); returns (fma, div, seconds)."""
     n = len(a)
     if not 0 < n <= DEPTH:
         raise ValueError(f"1..{DEPTH} vectors per simulation, got {n}")
-    bdir = build_harness()
+    bdir = build_harness(pipeline)
     work = bdir / "runs" / uuid.uuid4().hex
     work.mkdir(parents=True)
     words = np.stack([np.asarray(ops, np.uint32), a, b, c], axis=1).astype(np.uint32)
@@ -299,8 +314,8 @@ def check(op_names, a, b, c, got) -> tuple[np.ndarray, list[str]]:
     return bad, lines
 
 
-def run_mixed(op_names, a, b, c, *, gap: bool = False):
-    """Simulate vectors of any ops (chunks of DEPTH); returns (mismatch mask, lines, sim s)."""
+def results(op_names, a, b, c, *, gap: bool = False, pipeline: str = "compact"):
+    """Simulate vectors of any ops (chunks of DEPTH); returns (result patterns, sim s)."""
     op_names = np.asarray(op_names)
     codes = np.zeros(len(a), np.uint32)
     for op, code in OPS.items():
@@ -309,26 +324,32 @@ def run_mixed(op_names, a, b, c, *, gap: bool = False):
     sim_s = 0.0
     for lo in range(0, len(a), DEPTH):
         hi = min(lo + DEPTH, len(a))
-        fma, div, s = simulate(codes[lo:hi], a[lo:hi], b[lo:hi], c[lo:hi], gap=gap)
+        fma, div, s = simulate(codes[lo:hi], a[lo:hi], b[lo:hi], c[lo:hi], gap=gap, pipeline=pipeline)
         got[lo:hi] = np.where(codes[lo:hi] == OPS["div"], div, fma)
         sim_s += s
+    return got, sim_s
+
+
+def run_mixed(op_names, a, b, c, *, gap: bool = False, pipeline: str = "compact"):
+    """Simulate vectors of any ops (chunks of DEPTH); returns (mismatch mask, lines, sim s)."""
+    got, sim_s = results(op_names, a, b, c, gap=gap, pipeline=pipeline)
     bad, lines = check(op_names, a, b, c, got)
     return bad, lines, sim_s
 
 
-def run_fp32_campaign(op: str, n: int, seed: int) -> dict:
+def run_fp32_campaign(op: str, n: int, seed: int, pipeline: str = "compact") -> dict:
     """n random vectors of ``op`` (+ the directed set when n >= 10000), bit-exact check."""
     if op not in OPS:
         raise ValueError(f"op must be one of {list(OPS)}")
     t0 = time.monotonic()
-    print(f"fp32 campaign: op={op} n={n} seed={seed}", flush=True)
+    print(f"fp32 campaign: op={op} n={n} seed={seed} pipeline={pipeline}", flush=True)
     rng = np.random.default_rng(seed)
     a, b, c = gen_vectors(op, n, rng)
     if n >= 10000:
         da, db, dc = directed(op)
         a, b, c = np.concatenate([da, a]), np.concatenate([db, b]), np.concatenate([dc, c])
-    bad, lines, sim_s = run_mixed(np.full(len(a), op), a, b, c)
-    return {"op": op, "vectors": int(len(a)), "mismatches": int(bad.sum()),
+    bad, lines, sim_s = run_mixed(np.full(len(a), op), a, b, c, pipeline=pipeline)
+    return {"op": op, "pipeline": pipeline, "vectors": int(len(a)), "mismatches": int(bad.sum()),
             "seconds": round(time.monotonic() - t0, 3), "sim_seconds": round(sim_s, 3),
             "seed": seed, "first_mismatches": lines}
 
@@ -338,12 +359,14 @@ def main(argv=None) -> int:
     p.add_argument("--op", default="all", choices=[*OPS, "all"])
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(4), "little"))
+    p.add_argument("--pipeline", default="compact", choices=[*PIPELINES, "both"])
     args = p.parse_args(argv)
     fails = 0
-    for op in (list(OPS) if args.op == "all" else [args.op]):
-        r = run_fp32_campaign(op, args.n, args.seed)
-        print(json.dumps(r), flush=True)
-        fails += r["mismatches"]
+    for pipeline in (PIPELINES if args.pipeline == "both" else [args.pipeline]):
+        for op in (list(OPS) if args.op == "all" else [args.op]):
+            r = run_fp32_campaign(op, args.n, args.seed, pipeline)
+            print(json.dumps(r), flush=True)
+            fails += r["mismatches"]
     return 1 if fails else 0
 
 
