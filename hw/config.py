@@ -22,7 +22,8 @@ class DeviceConfig:
     lookup_units / lookup_rob_depth: the lookup engine's reduce units and the row lines each
     keeps in flight (hw/ndp/lookup.py). update_scratch_lines: the update engine's row
     scratchpad in lines (hw/ndp/update.py). log_set_entries: the undo-log engine's
-    deduplication set, in (table, row) keys (hw/checkpoint/undo_log.py).
+    deduplication set, in (table, row) keys (hw/checkpoint/undo_log.py). fp32_pipeline: the
+    FP32 FMA and divider pipelines of both engines ("compact" or "deep", below).
     """
     channels: int = 4
     capacity_bytes: int = 64 << 30          # 4 x 16 GiB: an Alveo U200's four DDR4 channels
@@ -42,6 +43,10 @@ class DeviceConfig:
     # pass streams the whole index array and a pass fits about 1/8 of this many keys, so
     # 4096 made an rm1 batch of 16k distinct rows take ~200 passes (2M cycles).
     log_set_entries: int = 32768
+    # FP32 units of LOOKUP and UPDATE (hw/common/fp32.py): "compact" (FMA 5 / divide 10
+    # cycles, up to 29 LUT levels per stage) or "deep" (12 / 18 cycles, <= 6 levels: what a
+    # 250 MHz UltraScale+ clock needs). Results are identical; only timing differs.
+    fp32_pipeline: str = "compact"
 
     def __post_init__(self):
         def pow2(x):
@@ -51,6 +56,8 @@ class DeviceConfig:
         if not pow2(self.capacity_bytes) or self.capacity_bytes < LINE_BYTES * self.channels:
             raise ValueError(f"capacity_bytes must be a power of two of at least "
                              f"{LINE_BYTES * self.channels}, got {self.capacity_bytes}")
+        if self.fp32_pipeline not in ("compact", "deep"):
+            raise ValueError(f"fp32_pipeline must be 'compact' or 'deep', got {self.fp32_pipeline!r}")
         if not 1 <= self.read_ids_per_channel <= 256:
             raise ValueError("read_ids_per_channel must be 1..256 (8-bit AXI IDs)")
         if self.writes_per_channel < 1:

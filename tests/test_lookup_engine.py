@@ -103,13 +103,14 @@ def _case(rng: np.random.Generator, bad: str | None = None):
     return mem, cmd, [TBL.unpack(mem[layout["tables"] + t]) for t in range(len(specs))], golden, layout, specs
 
 
-def _run(seed: int, bad: str | None = None, to_host: bool = False):
+def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline: str = "compact"):
     rng = np.random.default_rng(seed)
     prng = random.Random(seed)
     mem, cmd, descs, golden, layout, specs = _case(rng, bad)
     if to_host:
         cmd |= 1 << CMD._offsets["flags"][0]
-    dut = LookupEngine(addr_bits=12, capacity_lines=CAP, units=2, item_depth=16, rob_depth=16, id_base=0x40)
+    dut = LookupEngine(addr_bits=12, capacity_lines=CAP, units=2, item_depth=16, rob_depth=16, id_base=0x40,
+                       fp32_pipeline=fp32_pipeline)
     result = {}
     pushed = {}
 
@@ -201,6 +202,11 @@ def test_lookup_matches_golden(to_host, case):
     print(f"seed {seed} (replay with TCXL_SEED={seed})")
     result, out, golden, layout, specs = _run(seed, bad=case, to_host=to_host)
     print(result)
+    _check_pooled(seed, to_host, result, out, golden, layout, specs)
+
+
+def _check_pooled(seed, to_host, result, out, golden, layout, specs):
+    """OK, every pooled line out and acknowledged before done, each equal to the golden bits."""
     assert result["error"] == NdpError.OK, result
     pitch = sum(dim // 16 for _, dim, _ in specs)
     # done only after every pooled line went out and was acknowledged (durable / pushed)
@@ -218,6 +224,15 @@ def test_lookup_matches_golden(to_host, case):
             got = np.frombuffer(raw, dtype="<f4")
             assert (_as_bits(got) == _as_bits(golden[t][b])).all(), f"seed {seed} table {t} bag {b}"
         col += dl
+
+
+def test_lookup_deep_fp32_pipeline():
+    """The 12-cycle FMA / 18-cycle divider ("deep"): same pooled vectors, bit for bit (the
+    longer chain hazard window, forwarding and output credit)."""
+    seed = int(os.environ.get("TCXL_SEED", "0")) or random.randrange(1 << 30)
+    print(f"seed {seed} (replay with TCXL_SEED={seed})")
+    result, out, golden, layout, specs = _run(seed, fp32_pipeline="deep")
+    _check_pooled(seed, False, result, out, golden, layout, specs)
 
 
 @pytest.mark.parametrize("bad,code,info", [("index", NdpError.INDEX_RANGE, None), ("offsets", NdpError.OFFSETS, None),

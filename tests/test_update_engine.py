@@ -25,11 +25,15 @@ if str(REPO) not in sys.path:
 
 ADDR_BITS = 16
 CAPACITY = 60000                     # not a power of two: the range checks compare exactly
-VARIANTS = {"update_engine": 1024, "update_engine_small": 64}
+# variant -> (scratch lines, FP32 pipeline)
+VARIANTS = {"update_engine": (1024, "compact"), "update_engine_small": (64, "compact"),
+            "update_engine_deep": (1024, "deep")}
 TESTS = {
     "update_engine": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow", "test_errors",
                       "test_media_error", "test_perf"],
     "update_engine_small": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow"],
+    # the 12-cycle FMA: hot rows exercise the longer same-line hazard window and forwarding
+    "update_engine_deep": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow"],
 }
 # Warnings Amaranth's Verilog raises under -Wall (docs/toolchain.md, hw/trainingcxl.vlt).
 AMARANTH_WARNINGS = {"WIDTHEXPAND", "WIDTHTRUNC", "CASEINCOMPLETE", "PROCASSINIT", "UNUSEDSIGNAL",
@@ -61,7 +65,8 @@ def _verilog(variant: str) -> pathlib.Path:
         return path
     from amaranth.back import verilog
     from hw.ndp.update import UpdateEngine
-    dut = UpdateEngine(addr_bits=ADDR_BITS, capacity_lines=CAPACITY, scratch_lines=VARIANTS[variant])
+    scratch, pipeline = VARIANTS[variant]
+    dut = UpdateEngine(addr_bits=ADDR_BITS, capacity_lines=CAPACITY, scratch_lines=scratch, fp32_pipeline=pipeline)
     _write_if_changed(path, verilog.convert(dut, name="update_engine", emit_src=False))
     stamp.write_text(key)
     return path
@@ -109,6 +114,6 @@ def test_update_engine_lint():
 def test_update_engine_rtl(variant, testcase):
     from sim import runner
     print(f"TCXL_SEED={SEED}")
-    env = {"UE_ADDR_BITS": str(ADDR_BITS), "UE_CAPACITY": str(CAPACITY), "UE_SCRATCH": str(VARIANTS[variant]),
+    env = {"UE_ADDR_BITS": str(ADDR_BITS), "UE_CAPACITY": str(CAPACITY), "UE_SCRATCH": str(VARIANTS[variant][0]),
            "TCXL_SEED": str(SEED)}
     runner.run(_built(variant)[1], "update_engine", "tests.update_engine_tb", testcase, env=env)

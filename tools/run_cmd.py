@@ -1,7 +1,7 @@
 """``trainingcxl run``: a DLRM model's embedding phase on the RTL, verified bit-exactly, with figures.
 
   trainingcxl run --model M --config cxl-d --phase embedding --batches N --json FILE
-                  [--seed S] [--rows-cap R] [--batch-size B] [--out host|device]
+                  [--seed S] [--rows-cap R] [--batch-size B] [--out host|device] [--fp32-pipeline compact|deep]
   trainingcxl run --model M --trace FILE [--batches N] ...
 
 With ``--trace`` the tables, rows, batch size and batches come from the file (generated or
@@ -47,6 +47,7 @@ phases come with the system harness and the checkpoint issues.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import random
 import sys
@@ -127,6 +128,8 @@ def run_embedding(args) -> dict:
     t0 = time.perf_counter()
     trace, source = resolve_trace(args)
     cfg, layout = choose_device(trace, args.out, "--trace" if args.trace else "--model")
+    if args.fp32_pipeline != cfg.fp32_pipeline:
+        cfg = dataclasses.replace(cfg, fp32_pipeline=args.fp32_pipeline)
     s = summarize(trace)
     origin = f"file {source['file']} ({source['origin']}, sha256 {source['sha256'][:16]}...)" \
         if source["kind"] == "file" else f"preset {args.model}, seed {args.seed}"
@@ -226,5 +229,8 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the model's)")
     p.add_argument("--out", choices=("device", "host"), default="host",
                    help="pooled outputs to host memory over CXL.cache (CXL-D) or to device memory")
+    p.add_argument("--fp32-pipeline", choices=("compact", "deep"), default="compact",
+                   help="the engines' FP32 pipelines (hw/config.py fp32_pipeline): compact = FMA 5 cycles, "
+                        "deep = 12 cycles at <= 6 LUT levels (same results)")
     p.set_defaults(func=cmd_run)
     return p

@@ -38,13 +38,13 @@ from .lookup_unit import LookupUnit
 
 class LookupEngine(wiring.Component):
     def __init__(self, *, addr_bits: int, capacity_lines: int, units: int = 4, item_depth: int = 128,
-                 rob_depth: int = 128, id_base: int = 0):
+                 rob_depth: int = 128, id_base: int = 0, fp32_pipeline: str = "compact"):
         self.units = units
         self.id_base = id_base
         self.item_depth = item_depth
         self._feeder = LookupFeeder(addr_bits=addr_bits, capacity_lines=capacity_lines, units=2 * units)
         self._units = [LookupUnit(addr_bits=addr_bits, item_layout=self._feeder.item_layout, unit_id=id_base + u,
-                                  rob_depth=rob_depth) for u in range(units)]
+                                  rob_depth=rob_depth, fp32_pipeline=fp32_pipeline) for u in range(units)]
         self.feed_ctx_bits = self._feeder.ctx_bits
         self.unit_ctx_bits = self._units[0].ctx_bits
         super().__init__({

@@ -21,10 +21,10 @@ starting from +0.0, with ``k`` the line within the row: the exact operation orde
 architecture.md §5, per bag and lane (accumulators are per context and line). An EMPTY
 bag retires dim/16 lines of +0.0 + +0.0 (an ADD in every mode: its item's weight is never
 used). A line whose chain predecessor is still inside the
-5-stage FMA waits (the predecessor's result is forwarded in the cycle it leaves the
-pipeline), so with rows of n = dim/16 lines a unit retires about min(1, 2n/5) lines per
-cycle while both contexts have bags (n/5 with one); the feeder spreads bags over the
-contexts of several units to fill the memory channels.
+FMA (L = 5 stages with ``fp32_pipeline="compact"``, 12 with "deep") waits (the predecessor's
+result is forwarded in the cycle it leaves the pipeline), so with rows of n = dim/16 lines a
+unit retires about min(1, 2n/L) lines per cycle while both contexts have bags (n/L with
+one); the feeder spreads bags over the contexts of several units to fill the memory channels.
 The last line of each chain goes out: MEAN divides each lane by the bag length with one
 Fp32DivInt (16 cycles per line; an empty bag stays +0.0), then the line is written to
 device memory or pushed to the host. An ABORT item drops the bag in progress.
@@ -47,12 +47,15 @@ MAX_DIM_LINES = 16
 
 class LookupUnit(wiring.Component):
     def __init__(self, *, addr_bits: int, item_layout, unit_id: int, rob_depth: int = 128,
-                 out_depth: int = 8):
+                 out_depth: int | None = None, fp32_pipeline: str = "compact"):
         assert rob_depth & (rob_depth - 1) == 0
         self.addr_bits = addr_bits
         self.rob_depth = rob_depth
         self.ctx_bits = (rob_depth - 1).bit_length()
-        self.out_depth = out_depth
+        self.fp32_pipeline = fp32_pipeline
+        self.fma_latency = Fp32Fma.LATENCIES[fp32_pipeline]
+        # Room for every chain result the FMA can hold (one last line per cycle) plus a few.
+        self.out_depth = out_depth if out_depth is not None else max(8, self.fma_latency + 3)
         self.unit_id = unit_id
         super().__init__({
             "items": In(stream.Signature(item_layout)).array(2),
@@ -138,7 +141,8 @@ class LookupUnit(wiring.Component):
             m.d.comb += instant_mask.eq(Const(1, R) << tail[:sb])
 
         # ---- retire: head slot -> FMA lanes -------------------------------------------
-        lanes = [Fp32Fma(tag_width=tag_layout.size if i == 0 else 1) for i in range(LANES)]
+        lanes = [Fp32Fma(tag_width=tag_layout.size if i == 0 else 1, pipeline=self.fp32_pipeline)
+                 for i in range(LANES)]
         for i, lane in enumerate(lanes):
             m.submodules[f"fma{i}"] = lane
         o_valid = lanes[0].o_valid
@@ -152,19 +156,18 @@ class LookupUnit(wiring.Component):
 
         meta = meta_r.data
         m.d.comb += [meta_r.addr.eq(head[:sb]), data_r.addr.eq(head[:sb]), acc_r.addr.eq(meta.k)]
-        hist_valid = Signal(4)           # lines issued 1..4 cycles ago, still inside the FMA
-        hist_k = [Signal(5, name=f"hist_k{i}") for i in range(4)]
+        H = self.fma_latency - 1         # lines issued 1..H cycles ago are still inside the FMA
+        hist_valid = Signal(H)
+        hist_k = [Signal(5, name=f"hist_k{i}") for i in range(H)]
         hazard = Signal()
-        m.d.comb += hazard.eq(~meta.first & (
-            (hist_valid[0] & (hist_k[0] == meta.k)) | (hist_valid[1] & (hist_k[1] == meta.k)) |
-            (hist_valid[2] & (hist_k[2] == meta.k)) | (hist_valid[3] & (hist_k[3] == meta.k))))
+        m.d.comb += hazard.eq(~meta.first & Cat(*[hist_valid[i] & (hist_k[i] == meta.k) for i in range(H)]).any())
         forward = Signal()
         m.d.comb += forward.eq(o_valid & (o_tag.k == meta.k))
 
         # Output credit: results that will need a place in the output FIFO.
         m.submodules.out_fifo = out_fifo = fifo.SyncFIFOBuffered(
             width=LINE_BITS + tag_layout.size, depth=self.out_depth)
-        lasts_in_flight = Signal(range(8))
+        lasts_in_flight = Signal(range(self.out_depth + 1))
         credit = Signal()
         m.d.comb += credit.eq(out_fifo.level + lasts_in_flight < self.out_depth)
 
@@ -180,8 +183,8 @@ class LookupUnit(wiring.Component):
             m.d.sync += head.eq(head + 1)
             m.d.comb += clr_mask.eq(Const(1, R) << head[:sb])
         m.d.sync += ready.eq((ready & ~clr_mask) | fill_mask | instant_mask)
-        m.d.sync += [hist_valid.eq(Cat(to_fma, hist_valid[:3])), hist_k[0].eq(meta.k)]
-        m.d.sync += [hist_k[i].eq(hist_k[i - 1]) for i in range(1, 4)]
+        m.d.sync += [hist_valid.eq(Cat(to_fma, hist_valid[:H - 1])), hist_k[0].eq(meta.k)]
+        m.d.sync += [hist_k[i].eq(hist_k[i - 1]) for i in range(1, H)]
         o_last = o_valid & o_tag.last
         m.d.sync += lasts_in_flight.eq(lasts_in_flight + (to_fma & meta.last) - o_last)
 
@@ -211,7 +214,7 @@ class LookupUnit(wiring.Component):
         head_line = out_fifo.r_data[:LINE_BITS]
         head_tag = Signal(tag_layout)
         m.d.comb += head_tag.eq(out_fifo.r_data[LINE_BITS:])
-        m.submodules.div = div = Fp32DivInt(tag_width=4)
+        m.submodules.div = div = Fp32DivInt(tag_width=4, pipeline=self.fp32_pipeline)
         result = Signal(LINE_BITS)
         lane_in = Signal(5)              # lanes fed to the divider
         lane_out = Signal(5)             # lanes back from it

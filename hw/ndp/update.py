@@ -16,7 +16,9 @@ Ports
   come back unchanged: ctx[0:P] names the destination (buffer slot), ctx[P:P+3] the buffer
   (``Kind``), P = log2(scratch_lines) (at least 8); bits above are zero.
 
-Constructor: ``UpdateEngine(addr_bits=, capacity_lines=, ctx_bits=None, scratch_lines=1024)``.
+Constructor: ``UpdateEngine(addr_bits=, capacity_lines=, ctx_bits=None, scratch_lines=1024,
+fp32_pipeline="compact")``; ``fp32_pipeline`` picks the FMA / divider pipelines
+(hw/common/fp32.py: FMA latency L = 5 "compact" or 12 "deep"; same results).
 ``addr_bits`` <= 32 and ``capacity_lines`` <= 2**addr_bits: every line the engine touches is
 below capacity_lines. ``scratch_lines``: the row scratchpad in 64-byte lines, a power of two
 >= 16 (one 256-float row). ``ctx_bits`` defaults to, and must be at least,
@@ -105,9 +107,9 @@ Pipeline, latency and throughput (one request per cycle at most)
 - Datapath: 16 Fp32Fma lanes (one 64-byte line per cycle) shared by two operations: MUL
   (c = g * scale into a 32-line contribution ring; WEIGHTED_SUM and MEAN only) and FMA
   (row = fma(-lr, c, row)). An FMA line-step issues when its row line has arrived, its c is
-  ready and no FMA on the same scratchpad line issued in the 4 previous cycles; a result 5
-  cycles old is forwarded. So one row updated back to back costs 5 cycles per occurrence for
-  dim 16..80 (the lines interleave), otherwise one line-step per cycle (SUM) or two (MUL+FMA).
+  ready and no FMA on the same scratchpad line issued in the L - 1 previous cycles; a result L
+  cycles old is forwarded. So one row updated back to back costs L cycles per occurrence for
+  dim 16..16*L (the lines interleave), otherwise one line-step per cycle (SUM) or two (MUL+FMA).
 - End: write-back of every cached row (one line per cycle as the port accepts), then ``done``
   after the last write response.
 - Fixed cost per command: the offsets and then the indices round trip (validation), the
@@ -360,7 +362,7 @@ class UpdateEngine(wiring.Component):
         return payload + KIND_BITS
 
     def __init__(self, *, addr_bits: int, capacity_lines: int, ctx_bits: int | None = None,
-                 scratch_lines: int = 1024):
+                 scratch_lines: int = 1024, fp32_pipeline: str = "compact"):
         if scratch_lines < 16 or scratch_lines & (scratch_lines - 1):
             raise ValueError(f"scratch_lines must be a power of two >= 16, got {scratch_lines}")
         if not 1 <= capacity_lines <= 1 << addr_bits or addr_bits > 32:
@@ -374,6 +376,9 @@ class UpdateEngine(wiring.Component):
         self.capacity_lines = capacity_lines
         self.ctx_bits = ctx_bits
         self.scratch_lines = scratch_lines
+        if fp32_pipeline not in Fp32Fma.LATENCIES:
+            raise ValueError(f"fp32_pipeline must be one of {tuple(Fp32Fma.LATENCIES)}, not {fp32_pipeline!r}")
+        self.fp32_pipeline = fp32_pipeline
         self.payload_bits = need - KIND_BITS
         super().__init__({
             "ctl": In(engine_control_signature()),
@@ -825,7 +830,7 @@ class UpdateEngine(wiring.Component):
         reserved = Signal(range(self.BAG_DEPTH + 2))
 
         bag_rec = data.StructLayout({"base": 32, "lines": 5, "mode": 2, "len": 16, "gpos": GB})
-        m.submodules.div = div = ResetInserter(clr)(Fp32DivInt(tag_width=bag_rec.size))
+        m.submodules.div = div = ResetInserter(clr)(Fp32DivInt(tag_width=bag_rec.size, pipeline=self.fp32_pipeline))
         m.submodules.bag_fifo = bag_fifo = ResetInserter(clr)(
             SyncFIFOBuffered(width=bag_rec.size + 32, depth=self.BAG_DEPTH))
         m.d.comb += [bag_fifo.w_en.eq(div.o_valid), bag_fifo.w_data.eq(Cat(div.o_tag, div.o_result))]
@@ -1289,13 +1294,14 @@ class UpdateEngine(wiring.Component):
         m.d.comb += [row_line.eq(ff.row_base | ff_k), c_line.eq(ff.cpos + ff_k), arr_rd.addr.eq(row_line),
                      garr_fma.addr.eq(c_line)]
         c_ready = Mux(ff.csrc, con_valid.bit_select(c_line[:CB], 1), garr_fma.data)
-        hz_valid = [Signal(name=f"hz_valid{i}") for i in range(4)]
-        hz_addr = [Signal(SB, name=f"hz_addr{i}") for i in range(4)]
+        HZ = Fp32Fma.LATENCIES[self.fp32_pipeline] - 1     # FMAs issued 1..HZ cycles ago are in flight
+        hz_valid = [Signal(name=f"hz_valid{i}") for i in range(HZ)]
+        hz_addr = [Signal(SB, name=f"hz_addr{i}") for i in range(HZ)]
         hazard = 0
-        for i in range(4):
+        for i in range(HZ):
             hazard = hazard | (hz_valid[i] & (hz_addr[i] == row_line))
         m.d.sync += [hz_valid[0].eq(fma_go), hz_addr[0].eq(row_line)]
-        for i in range(1, 4):
+        for i in range(1, HZ):
             m.d.sync += [hz_valid[i].eq(hz_valid[i - 1]), hz_addr[i].eq(hz_addr[i - 1])]
         m.d.comb += [
             fma_go.eq(ff_valid & arr_rd.data & c_ready & ~hazard & ~freeze),
@@ -1329,7 +1335,7 @@ class UpdateEngine(wiring.Component):
         tag_w = 1 + max(SB, CB) + 1
         lanes = []
         for i in range(LANES):
-            lane = Fp32Fma(tag_width=tag_w if i == 0 else 1)
+            lane = Fp32Fma(tag_width=tag_w if i == 0 else 1, pipeline=self.fp32_pipeline)
             m.submodules[f"lane{i}"] = lane
             lanes.append(lane)
         o_tag = lanes[0].o_tag
