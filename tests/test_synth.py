@@ -20,6 +20,7 @@ from amaranth.lib.memory import Memory
 
 from tools.synth_cmd import (
     COUNT_KEYS,
+    MemoryLog,
     SynthError,
     add_parser,
     block_of,
@@ -132,8 +133,9 @@ def _parse(*argv):
 
 def test_parser_defaults():
     a = _parse()
-    assert (a.target, a.json, a.top, a.keep, a.timeout, a.func) == \
-        ("xc7", "build/synth.json", "trainingcxl_device", "build/synth", None, main)
+    assert (a.target, a.json, a.top, a.keep, a.timeout, a.func, a.share, a.hierarchical) == \
+        ("xcup", "build/synth.json", "trainingcxl_device", "build/synth", None, main, "fast", False)
+    assert _parse("--target", "xc7", "--share", "full").target == "xc7"
     with pytest.raises(SystemExit):
         _parse("--target", "ice40")
     assert (a.blocks, a.block_timeout) == (None, 900.0)
@@ -145,6 +147,7 @@ def test_parser_defaults():
     (["--top", "lookup"], "--top must be trainingcxl_device or one of its blocks"),
     (["--blocks", "all", "--block-timeout", "-1"], "--block-timeout must be a positive"),
     (["--blocks", "csr", "--top", "trainingcxl_device.csr"], "--blocks and --top exclude each other"),
+    (["--blocks", "csr", "--hierarchical"], "--hierarchical is for the whole device"),
 ])
 def test_bad_requests_exit_2(argv, message, capsys, tmp_path):
     assert main(_parse("--json", str(tmp_path / "s.json"), "--keep", str(tmp_path), *argv)) == 2
@@ -211,8 +214,12 @@ def test_block_list_is_derived_from_module_names(toy_verilog):
             parse_blocks(bad, ["a", "b"])
     script = blocks_script("blocks-1.v", ["a", "b"], "xc7").splitlines()
     assert script[:2] == ["read_verilog blocks-1.v", "design -save read"] and script.count("design -load read") == 2
-    assert "synth_xilinx -family xc7 -top trainingcxl_device.b -flatten -noiopad -noclkbuf" in script
-    assert script[-2:] == ["tee -q -o b.stats.json stat -json", "log BLOCK-END b"]
+    assert "synth_xilinx -family xc7 -top trainingcxl_device.b -flatten -noiopad -noclkbuf -run :coarse" in script
+    assert "synth_xilinx -family xc7 -top trainingcxl_device.b -flatten -noiopad -noclkbuf -run map_memory:" in script
+    assert "share -fast" in script and "share" not in script
+    assert script[-3:] == ["tee -q -o b.stats.json stat -json", "write_json b.net.json", "log BLOCK-END b"]
+    full = blocks_script("blocks-1.v", ["a"], "xcup", share="full").splitlines()
+    assert "synth_xilinx -family xcup -top trainingcxl_device.a -flatten -noiopad -noclkbuf -uram" in full
 
 
 def _done(lut, ff, bram, seconds, mapping):
@@ -230,7 +237,7 @@ def test_merge_sums_completed_blocks_only():
                       "update": timed_out, "bias": failed})
     s = r["sum_of_completed_blocks"]
     assert (s["lut"], s["ff"], s["ramb18"], s["bram36_equiv"], s["dsp"], s["blocks"]) == (15, 27, 5, 2.5, 0, 2)
-    assert set(s) == set(COUNT_KEYS) | {"blocks"}
+    assert set(s) == set(COUNT_KEYS) | {"blocks", "logic_levels"} and s["logic_levels"] is None
     assert r["incomplete_blocks"] == ["update", "bias"] and not r["ok"]
     assert r["error"] == "2 of 4 blocks did not complete: update (timed out), bias (failed)"
     assert r["memory_mapping"] == {"lookup.rows": "BLOCKRAM_SDP", "update.scratch": "FF", "update.tags": "FF"}
@@ -266,3 +273,19 @@ def test_block_timeout_restarts_for_the_rest(toy_verilog, tmp_path):
     assert all(b["timed_out"] and "timed out after 0.2 s" in b["error"] for b in r["blocks"].values())
     assert r["yosys_processes"] == 2 and "alpha" not in (tmp_path / "blocks-2.v").read_text()
     assert r["sum_of_completed_blocks"]["blocks"] == 0
+
+
+def test_memory_log_sizes_the_flip_flop_memories():
+    log = MemoryLog()
+    lines = ["using FF mapping for memory trainingcxl_device.update.scratch",
+             "mapping memory trainingcxl_device.lookup.rows via $__XILINX_BLOCKRAM_SDP_",
+             "mapping memory trainingcxl_device.undo_log.seen via $__XILINX_URAM_",
+             "Mapping memory \\scratch in module \\trainingcxl_device.update:",
+             "created 1024 $dff cells and 0 static cells of width 512.",
+             "Mapping memory $auto$proc_rom$7 in module \\trainingcxl_device.update:",
+             "created 4 $dff cells and 0 static cells of width 8.",
+             "Executing OPT pass."]
+    assert [log.feed(t) for t in lines] == [True] * 7 + [False]
+    assert log.mapping == {"trainingcxl_device.update.scratch": "FF", "trainingcxl_device.lookup.rows": "BLOCKRAM_SDP",
+                           "trainingcxl_device.undo_log.seen": "URAM"}
+    assert log.ff_bits == {"trainingcxl_device.update.scratch": 1024 * 512}

@@ -11,6 +11,8 @@ design after ``synth_xilinx`` (one module: flatten first, or name it) and return
   carry, dsp, from, to}``; ``from`` / ``to`` name the register (its output net), memory, DSP
   or port at each end (``port:NAME`` for a module port: a path through a block's port
   continues in the next block, so a block's own figure can understate the device's);
+- ``by_group``: the deepest path ending in each first-level instance (``group_of``: after
+  flattening the device, each top-level block), deepest first;
 - ``cells``: how many cells the graph held, ``loops``: combinational loops broken (0 expected).
 
 The graph: nodes are net bits. A LUT1..LUT6 adds one level. A LUT RAM (RAM32M, RAM64X1D,
@@ -190,12 +192,30 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5) -> dic
         end = label if label.startswith("port:") else _sink_label(label, names, cells, b)
         if end not in per_end or c > per_end[end][0]:
             per_end[end] = (c, b)
-    ranked = sorted(per_end.items(), key=lambda kv: kv[1][0], reverse=True)[:top_paths]
+    ranked = sorted(per_end.items(), key=lambda kv: kv[1][0], reverse=True)
     paths = [{"levels": c[0], "muxf": c[1], "carry": c[2], "dsp": c[3], "from": start_of(b), "to": end}
-             for end, (c, b) in ranked]
+             for end, (c, b) in ranked[:top_paths]]
+    by_group: dict[str, dict] = {}
+    for end, (c, b) in ranked:                     # deepest first: the first seen per group wins
+        g = group_of(end)
+        if g not in by_group:
+            by_group[g] = {"levels": c[0], "from": start_of(b), "to": end}
     deepest = paths[0] if paths else {"levels": 0, "muxf": 0, "carry": 0, "dsp": 0}
     return {"module": name, "logic_levels": deepest["levels"], "muxf": deepest["muxf"], "carry": deepest["carry"],
-            "dsp": deepest["dsp"], "paths": paths, "cells": len(cells), "loops": loops, "unknown_cells": unknown}
+            "dsp": deepest["dsp"], "paths": paths, "by_group": by_group, "cells": len(cells), "loops": loops,
+            "unknown_cells": unknown}
+
+
+def group_of(label: str) -> str:
+    """The first level of hierarchy an endpoint lies in (the instance name inside the analysed
+    module: a top-level block after flattening the device), ``(ports)`` or ``(top)``."""
+    if label.startswith("port:"):
+        return "(ports)"
+    m = re.search(r"\$flatten\\([^.\\$]+)", label)
+    if m:
+        return m.group(1)
+    s = label.lstrip("\\")
+    return s.split(".")[0] if "." in s and not s.startswith("$") else "(top)"
 
 
 def _sink_label(cname: str, names: dict, cells: dict, bit: int) -> str:
