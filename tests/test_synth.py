@@ -149,7 +149,6 @@ def test_parser_defaults():
     (["--top", "lookup"], "--top must be trainingcxl_device or one of its blocks"),
     (["--blocks", "all", "--block-timeout", "-1"], "--block-timeout must be a positive"),
     (["--blocks", "csr", "--top", "trainingcxl_device.csr"], "--blocks and --top exclude each other"),
-    (["--blocks", "csr", "--hierarchical"], "--hierarchical is for the whole device"),
 ])
 def test_bad_requests_exit_2(argv, message, capsys, tmp_path):
     assert main(_parse("--json", str(tmp_path / "s.json"), "--keep", str(tmp_path), *argv)) == 2

@@ -17,8 +17,9 @@ xcup (default) is UltraScale+, the Alveo U200's XCU200; ``-uram`` lets large mem
 URAM288. xc7 is 7-series. ``-noiopad`` / ``-noclkbuf``: the device is a core, its ports are
 nets of the CXL IP. ``--share full`` runs synth_xilinx unsplit (the full SAT resource sharing,
 minutes on lookup's many FMA shifters that can never be shared). ``-flatten`` optimises across
-blocks; ``--hierarchical`` keeps the modules (``stat -top`` sums them) and flattens only the
-mapped netlist for the depth. ``--top`` may name a block (``trainingcxl_device.lookup``).
+blocks; ``--hierarchical`` (device or blocks) keeps the modules, so ABC9 maps each module
+on its own (``stat -top`` sums them), and flattens only the mapped netlist for the depth.
+``--top`` may name a block (``trainingcxl_device.lookup``).
 Depth: ``logic_levels`` is the most LUT levels between sequential elements (tools/logic_depth.py
 has the rules); ``depth`` holds MUXF/CARRY on that path, the deepest endpoints and the deepest
 path per top-level block (``logic_levels_by_block``).
@@ -346,11 +347,14 @@ def parse_blocks(request: str, available: list[str]) -> list[str]:
     return names
 
 
-def blocks_script(verilog_name: str, blocks: list[str], target: str, share: str = "fast") -> str:
+def blocks_script(verilog_name: str, blocks: list[str], target: str, share: str = "fast", flatten: bool = True) -> str:
     lines = [f"read_verilog {verilog_name}", "design -save read"]
     for b in blocks:
-        lines += [f"log BLOCK-BEGIN {b}", "design -load read", *synth_commands(target, f"{DEFAULT_TOP}.{b}", share),
-                  f"tee -q -o {b}.stats.json stat -json", f"write_json {b}.net.json", f"log BLOCK-END {b}"]
+        top = f"{DEFAULT_TOP}.{b}"
+        stat = [f"tee -q -o {b}.stats.json stat -json"] if flatten else \
+            [f"tee -q -o {b}.stats.json stat -top {top} -json", "flatten"]
+        lines += [f"log BLOCK-BEGIN {b}", "design -load read", *synth_commands(target, top, share, flatten),
+                  *stat, f"write_json {b}.net.json", f"log BLOCK-END {b}"]
     return "\n".join(lines + [""])
 
 
@@ -445,7 +449,8 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
 
 
 def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, folder: pathlib.Path,
-                      block_timeout: float, timeout: float | None = None, say=print, share: str = "fast") -> dict:
+                      block_timeout: float, timeout: float | None = None, say=print, share: str = "fast",
+                      flatten: bool = True) -> dict:
     """Synthesize each block alone (see the module docstring): one Yosys process reads the
     modules of the blocks once; a block that times out or fails costs a new process for the rest.
     Returns the per-block JSON without ``device_config`` / ``wall_seconds``."""
@@ -463,7 +468,7 @@ def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, f
         verilog.write_text("".join(t for name, t in modules.items() if block_of(name) in remaining))
         for b in remaining:
             (folder / f"{b}.stats.json").unlink(missing_ok=True)
-        script.write_text(blocks_script(verilog.name, remaining, target, share))
+        script.write_text(blocks_script(verilog.name, remaining, target, share, flatten))
         say(f"yosys -s {script} ({len(remaining)} blocks: {', '.join(remaining)}; log: {log})", flush=True)
         run = _run_block_process(script, log, remaining, results, block_timeout, left, say)
         warnings += run["warnings"]
@@ -471,7 +476,7 @@ def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, f
         yosys_seconds += run["seconds"]
         remaining = run["remaining"]
     out = merge_blocks(results)
-    out.update(mode="blocks", target=target, top=DEFAULT_TOP, share=share, block_timeout=block_timeout,
+    out.update(mode="blocks", target=target, top=DEFAULT_TOP, share=share, flatten=flatten, block_timeout=block_timeout,
                yosys_version=version,
                warnings=warnings, yosys_processes=runs, yosys_seconds=round(yosys_seconds, 1),
                peak_rss_mb=round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024))
@@ -538,7 +543,7 @@ def main_blocks(args, t0: float) -> int:
     size = {b: sum(len(t) for n, t in modules.items() if block_of(n) == b) for b in blocks}
     blocks.sort(key=lambda b: size[b])         # the small ones first: a runaway cannot hold them up
     result = synthesize_blocks(modules, blocks, args.target, keep / "blocks", args.block_timeout, args.timeout,
-                               share=args.share)
+                               share=args.share, flatten=not args.hierarchical)
     result["device_config"] = dataclasses.asdict(DeviceConfig())
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     print(format_blocks(result))
@@ -556,8 +561,6 @@ def _check_request(args) -> None:
         raise SynthError(f"--top must be {DEFAULT_TOP} or one of its blocks ({DEFAULT_TOP}.NAME), got {args.top!r}")
     if args.block_timeout <= 0:
         raise SynthError("--block-timeout must be a positive number of seconds")
-    if args.blocks is not None and args.hierarchical:
-        raise SynthError("--hierarchical is for the whole device (each block of --blocks is flattened)")
     if args.blocks is not None and args.top != DEFAULT_TOP:
         raise SynthError("--blocks and --top exclude each other (--blocks NAME synthesizes one block)")
 
@@ -614,6 +617,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--share", choices=SHARE_MODES, default="fast",
                    help="resource sharing: share -fast (default) or synth_xilinx's full SAT share (slow on lookup)")
     p.add_argument("--hierarchical", action="store_true",
-                   help="whole device without -flatten: each module synthesized once, counts summed by stat -top")
+                   help="no -flatten (the device or each block): every module mapped on its own, counts summed "
+                   "by stat -top; the mapped netlist is flattened for the depth")
     p.set_defaults(func=main)
     return p
