@@ -19,7 +19,8 @@ The graph: nodes are net bits. A LUT1..LUT6 adds one level. A LUT RAM (RAM32M, R
 RAM32M16 ...) and a variable SRL (SRL16E / SRLC32E) are sequential for their written
 contents but their read is asynchronous, so the read-address pins reach the data outputs
 through one LUT level (what the timing of the LUT they are would show); their write pins
-are endpoints. MUXF7/8/9 and CARRY4/8 pass through without a LUT level. A DSP48E1/E2 whose
+are endpoints. MUXF7/8/9 and CARRY4/8 pass through without a LUT level, and so do INV / BUF
+(synth_xilinx leaves some INVs; the vendor flow folds them into the next LUT or flip-flop). A DSP48E1/E2 whose
 A/B, M and P registers are all off (AREG=BREG=MREG=PREG=0) is combinational and passes
 through; otherwise it is a boundary, as are flip-flops (FD*), block RAM (RAMB*), UltraRAM
 (URAM288) and every cell type this module does not know (listed in ``unknown_cells``).
@@ -33,6 +34,7 @@ import re
 LUT = re.compile(r"LUT[1-6]")
 MUXF = re.compile(r"MUXF[789]")
 CARRY = re.compile(r"CARRY[48]")
+WIRE = re.compile(r"INV|BUF")                     # pass through, no level (absorbed into a LUT or FF)
 DSP = re.compile(r"DSP48E\d")
 LUTRAM = re.compile(r"RAM(32|64|128|256|512)(M\d*|X\d+[SD])")
 SRL = re.compile(r"SRL(16E|C32E)")
@@ -41,7 +43,7 @@ READ_ADDR = re.compile(r"A\d*|ADDR[A-H]|DPRA\d*")   # LUT RAM / SRL pins that re
 DSP_REGS = ("AREG", "BREG", "MREG", "PREG")
 # Path cost: (LUT levels, MUXF, CARRY, DSP); compared LUT levels first.
 ZERO = (0, 0, 0, 0)
-STEP = {"lut": (1, 0, 0, 0), "muxf": (0, 1, 0, 0), "carry": (0, 0, 1, 0), "dsp": (0, 0, 0, 1)}
+STEP = {"lut": (1, 0, 0, 0), "muxf": (0, 1, 0, 0), "carry": (0, 0, 1, 0), "dsp": (0, 0, 0, 1), "wire": ZERO}
 
 
 class NetlistError(Exception):
@@ -56,8 +58,8 @@ def _param_int(value) -> int:
 
 
 def classify(cell: dict) -> str:
-    """``lut``, ``muxf``, ``carry``, ``dsp`` (combinational DSP), ``lutram``, ``srl``,
-    ``seq`` (a boundary) or ``unknown``."""
+    """``lut``, ``muxf``, ``carry``, ``wire`` (INV/BUF), ``dsp`` (combinational DSP), ``lutram``,
+    ``srl``, ``seq`` (a boundary) or ``unknown``."""
     t = cell["type"].lstrip("\\")
     if LUT.fullmatch(t):
         return "lut"
@@ -65,6 +67,8 @@ def classify(cell: dict) -> str:
         return "muxf"
     if CARRY.fullmatch(t):
         return "carry"
+    if WIRE.fullmatch(t):
+        return "wire"
     if DSP.fullmatch(t):
         p = cell.get("parameters", {})
         return "dsp" if all(_param_int(p.get(k, 1)) == 0 for k in DSP_REGS) else "seq"
@@ -126,7 +130,7 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5) -> dic
         if kind == "unknown":
             unknown[cell["type"]] = unknown.get(cell["type"], 0) + 1
             kind = "seq"
-        if kind in ("lut", "muxf", "carry", "dsp"):
+        if kind in ("lut", "muxf", "carry", "dsp", "wire"):
             through = [b for bits in ins.values() for b in bits]
             for b in outs:
                 edges[b] = (kind, cname, through)
@@ -225,7 +229,7 @@ def _sink_label(cname: str, names: dict, cells: dict, bit: int) -> str:
         q = [b for b in cell["connections"].get("Q", []) if isinstance(b, int)]
         if q:
             return names.get(q[0], cname)
-    return cname.lstrip("\\") if cell is not None else cname
+    return f"{cname.lstrip(chr(92))} ({cell['type'].lstrip(chr(92))})" if cell is not None else cname
 
 
 def analyze_file(path: pathlib.Path, module: str | None = None, top_paths: int = 5) -> dict:
