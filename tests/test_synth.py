@@ -326,7 +326,8 @@ def test_tiny_block_on_xcup(tiny_verilog, tmp_path):
     r = synthesize(tiny_verilog, "tiny", "xcup", tmp_path, timeout=120, say=lambda *a, **kw: None)
     assert r["ok"], r
     assert (r["ramb36"], r["dsp"], r["uram"]) == (1, 1, 0)
-    assert r["cells"].get("RAMB36E2") == 1 and r["cells"].get("DSP48E2") == 1 and r["carry8"] >= 3
+    assert r["cells"].get("RAMB36E2") == 1 and r["cells"].get("DSP48E2") == 1
+    assert r["carry4"] + r["carry8"] >= 3          # Yosys 0.70 maps adders to CARRY4 on xcup too
     assert type(r["logic_levels"]) is int and r["logic_levels"] >= 1 and r["depth"]["paths"]
     script = (tmp_path / "synth.ys").read_text()
     assert "-family xcup" in script and "-uram" in script and "share -fast" in script
