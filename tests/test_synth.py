@@ -26,6 +26,7 @@ from tools.synth_cmd import (
     add_parser,
     block_of,
     blocks_script,
+    dedupe_modules,
     device_blocks,
     empty_block,
     format_blocks,
@@ -344,3 +345,20 @@ def test_hierarchical_device_sums_the_modules(toy_verilog, tmp_path):
     assert "-flatten" not in (tmp_path / "synth.ys").read_text()
     assert {"alpha", "beta"} <= set(r["logic_levels_by_block"]), r["logic_levels_by_block"]
     assert r["logic_levels"] == max(r["logic_levels_by_block"].values())
+
+
+def test_dedupe_folds_identical_modules_of_a_block():
+    def child(name, k, op="~a"):
+        return (f"module \\{name} (a, y);\n  reg \\$auto$verilog_backend.cc:2355:dump_module${k}  = 0;\n  input a;\n"
+                f"  output y;\n  assign y = {op};\nendmodule\n")
+    text = ("module trainingcxl_device(a, y, z, w);\n  \\trainingcxl_device.x.u0  u0 (.a(a), .y(y));\n"
+            "  \\trainingcxl_device.x.u1  u1 (.a(a), .y(z));\n  \\trainingcxl_device.x.u2  u2 (.a(a), .y(w));\n"
+            "  \\trainingcxl_device.v.u0  v0 (.a(a), .y(w));\nendmodule\n"
+            + child("trainingcxl_device.x.u0", 1) + child("trainingcxl_device.x.u1", 2)
+            + child("trainingcxl_device.x.u2", 3, op="a") + child("trainingcxl_device.v.u0", 4))
+    mods, renamed = dedupe_modules(verilog_modules(text))
+    assert renamed == {"trainingcxl_device.x.u1": "trainingcxl_device.x.u0"}      # not u2 (differs), not v.u0
+    assert set(mods) == {"trainingcxl_device", "trainingcxl_device.x.u0", "trainingcxl_device.x.u2",
+                         "trainingcxl_device.v.u0"}
+    top = mods["trainingcxl_device"]
+    assert top.count("\\trainingcxl_device.x.u0  u") == 2 and "x.u1" not in top

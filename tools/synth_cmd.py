@@ -258,7 +258,11 @@ def synthesize(verilog: pathlib.Path, top: str, target: str, keep: pathlib.Path,
     """Synthesize ``top`` of ``verilog`` (copied into ``keep`` if it is elsewhere) and return
     the result dict (see the module docstring) without ``device_config`` / ``wall_seconds``."""
     keep.mkdir(parents=True, exist_ok=True)
-    if verilog.resolve().parent != keep.resolve():
+    if not flatten:                             # each distinct module is mapped once
+        mods, renamed = dedupe_modules(verilog_modules(verilog.read_text()))
+        say(f"{len(renamed)} duplicate modules folded into {len(set(renamed.values()))}", flush=True)
+        (keep / verilog.name).write_text("".join(mods.values()))
+    elif verilog.resolve().parent != keep.resolve():
         (keep / verilog.name).write_text(verilog.read_text())
     stats, log, script, netlist = keep / "stats.json", keep / "yosys.log", keep / "synth.ys", keep / "netlist.json"
     stats.unlink(missing_ok=True)
@@ -323,6 +327,35 @@ def verilog_modules(text: str) -> dict[str, str]:
         if name:
             out[name.group(1)] = chunk
     return out
+
+
+DUMP_MODULE = re.compile(r"dump_module\$\d+")
+
+
+def dedupe_modules(modules: dict[str, str], top: str = DEFAULT_TOP) -> tuple[dict[str, str], dict[str, str]]:
+    """Amaranth writes one module per instance, so the 48 FMAs of lookup are 48 identical modules.
+    Modules of the same block whose text is the same once their own name is blanked become one:
+    the instances of the others are renamed to it (repeated until nothing changes, so parents
+    made identical by their children merge too; the Verilog backend's numbered
+    ``dump_module$N`` dummy register does not count as a difference). Without ``-flatten`` Yosys then maps each
+    distinct module once and ``stat -top`` counts it once per instance. Returns the modules
+    left and ``renamed`` (dropped name -> the module that replaces it)."""
+    mods, renamed = dict(modules), {}
+    while True:
+        groups: dict[tuple, list[str]] = {}
+        for name in sorted(mods):
+            body = re.sub(r"\\" + re.escape(name) + r"(?=\s)", r"\\@SELF@", mods[name])
+            body = DUMP_MODULE.sub("dump_module", body)   # the Verilog backend's per-module dummy reg
+            groups.setdefault((block_of(name, top), body), []).append(name)
+        rename = {other: names[0] for names in groups.values() for other in names[1:]}
+        if not rename:
+            return mods, renamed
+        for other in rename:
+            del mods[other]
+        ref = re.compile(r"\\(" + "|".join(map(re.escape, sorted(rename, key=len, reverse=True))) + r")(?=\s)")
+        for name in mods:
+            mods[name] = ref.sub(lambda m, r=rename: "\\" + r[m.group(1)], mods[name])
+        renamed = {k: rename.get(v, v) for k, v in renamed.items()} | rename
 
 
 def block_of(module: str, top: str = DEFAULT_TOP) -> str | None:
@@ -465,7 +498,11 @@ def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, f
                 results[b]["error"] = "not run: --timeout of the whole run reached"
             break
         verilog, script, log = folder / f"blocks-{runs}.v", folder / f"run-{runs}.ys", folder / f"run-{runs}.log"
-        verilog.write_text("".join(t for name, t in modules.items() if block_of(name) in remaining))
+        chosen = {name: t for name, t in modules.items() if block_of(name) in remaining}
+        if not flatten:                         # each distinct module is mapped once
+            chosen, renamed = dedupe_modules(chosen)
+            say(f"{len(renamed)} duplicate modules folded into {len(set(renamed.values()))}", flush=True)
+        verilog.write_text("".join(chosen.values()))
         for b in remaining:
             (folder / f"{b}.stats.json").unlink(missing_ok=True)
         script.write_text(blocks_script(verilog.name, remaining, target, share, flatten))
