@@ -150,8 +150,8 @@ def depth_of(netlist: pathlib.Path, keep: bool = False) -> dict:
     from tools.logic_depth import NetlistError, analyze_file
     try:
         d = analyze_file(netlist, top_paths=5)
-    except NetlistError as e:
-        return {"logic_levels": None, "depth": {"error": str(e)}}
+    except (NetlistError, KeyError, TypeError, ValueError) as e:    # a depth failure must not sink the run
+        return {"logic_levels": None, "depth": {"error": f"{type(e).__name__}: {e}"}}
     finally:
         if not keep:
             netlist.unlink(missing_ok=True)
