@@ -96,7 +96,9 @@ def _pick_module(netlist: dict, module: str | None) -> tuple[str, dict]:
 
 
 def _names(mod: dict) -> dict[int, str]:
-    """Net bit -> a readable name (a public net name preferred, with its bit index)."""
+    """Net bit -> a readable name with its bit index: a public name first, then the deepest in
+    the hierarchy (after flattening, a register is named where it is driven, not after the
+    parent's wire it also feeds), then the shortest."""
     out: dict[int, tuple[int, str]] = {}
     for name, net in mod.get("netnames", {}).items():
         hidden = int(net.get("hide_name", 0))
@@ -104,7 +106,7 @@ def _names(mod: dict) -> dict[int, str]:
         for i, b in enumerate(bits):
             if isinstance(b, int):
                 label = name if len(bits) == 1 else f"{name}[{i}]"
-                rank = (hidden, len(name))
+                rank = (hidden, -name.count("."), len(name))
                 if b not in out or rank < out[b][0]:
                     out[b] = (rank, label)
     return {b: v[1] for b, v in out.items()}
