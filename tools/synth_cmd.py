@@ -17,20 +17,22 @@ xcup (default) is UltraScale+, the Alveo U200's XCU200; ``-uram`` lets large mem
 URAM288. xc7 is 7-series. ``-noiopad`` / ``-noclkbuf``: the device is a core, its ports are
 nets of the CXL IP. ``--share full`` runs synth_xilinx unsplit (the full SAT resource sharing,
 minutes on lookup's many FMA shifters that can never be shared). ``-flatten`` optimises across
-blocks; ``--hierarchical`` (device or blocks) keeps the modules, so ABC9 maps each module
-on its own (``stat -top`` sums them), and flattens only the mapped netlist for the depth.
+blocks; ``--hierarchical`` (device or blocks) keeps the modules and folds the identical ones
+(``dedupe_modules``: Amaranth writes one module per instance), so ABC9 maps each distinct module
+once (``stat -top`` counts it per instance); the mapped netlist is flattened for the depth.
 ``--top`` may name a block (``trainingcxl_device.lookup``).
 Depth: ``logic_levels`` is the most LUT levels between sequential elements (tools/logic_depth.py
 has the rules); ``depth`` holds MUXF/CARRY on that path, the deepest endpoints and the deepest
 path per top-level block (``logic_levels_by_block``).
 
 Per-block mode (``--blocks``): each top-level block of ``trainingcxl_device`` (``all``: every
-``trainingcxl_device.NAME`` module, derived from the Verilog) is synthesized alone and
-flattened, smallest first, in ONE Yosys process (``design -save/-load``, ``log`` markers time
-each block). A block past ``--block-timeout`` (default 900 s) or failing is recorded
-(``timed_out`` / ``error``, with the memory decisions logged so far) and a new process carries
-on with the rest; ``--timeout`` bounds the whole run. Files in ``KEEP/blocks/``. Block sums are
-not the device: nothing is optimised across blocks and the top's glue is not counted.
+``trainingcxl_device.NAME`` module, derived from the Verilog) is synthesized alone (flattened
+unless ``--hierarchical``), smallest first, in ONE Yosys process (``design -save/-load``,
+``log`` markers time each block). A block past ``--block-timeout`` (default 900 s) or failing
+is recorded (``timed_out`` / ``error``, with the memory decisions logged so far) and a new
+process carries on with the rest; ``--timeout`` bounds the whole run. Files in
+``KEEP/blocks/``. Block sums are not the device: nothing is optimised across blocks and the
+top's glue is not counted.
 
 JSON keys are listed in README.md (Synthesis). Exit codes: 0 success, 2 a bad request (one-line
 error), 1 Yosys failed or timed out (JSON still written with ``ok`` false; with ``--blocks``,
