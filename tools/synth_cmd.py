@@ -656,7 +656,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--share", choices=SHARE_MODES, default="fast",
                    help="resource sharing: share -fast (default) or synth_xilinx's full SAT share (slow on lookup)")
     p.add_argument("--hierarchical", action="store_true",
-                   help="no -flatten (the device or each block): every module mapped on its own, counts summed "
-                   "by stat -top; the mapped netlist is flattened for the depth")
+                   help="no -flatten (the device or each block): identical modules folded, each distinct one "
+                   "mapped once, counts summed by stat -top; the mapped netlist is flattened for the depth")
     p.set_defaults(func=main)
     return p
