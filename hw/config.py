@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .common.cxl_mem import LINE_BYTES
+from .common.fp32 import Fp32Fma
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ class DeviceConfig:
         if not pow2(self.capacity_bytes) or self.capacity_bytes < LINE_BYTES * self.channels:
             raise ValueError(f"capacity_bytes must be a power of two of at least "
                              f"{LINE_BYTES * self.channels}, got {self.capacity_bytes}")
-        if self.fp32_pipeline not in ("compact", "deep"):
-            raise ValueError(f"fp32_pipeline must be 'compact' or 'deep', got {self.fp32_pipeline!r}")
+        if self.fp32_pipeline not in Fp32Fma.LATENCIES:
+            raise ValueError(f"fp32_pipeline must be one of {tuple(Fp32Fma.LATENCIES)}, "
+                             f"got {self.fp32_pipeline!r}")
         if not 1 <= self.read_ids_per_channel <= 256:
             raise ValueError("read_ids_per_channel must be 1..256 (8-bit AXI IDs)")
         if self.writes_per_channel < 1:

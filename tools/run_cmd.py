@@ -229,7 +229,8 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the model's)")
     p.add_argument("--out", choices=("device", "host"), default="host",
                    help="pooled outputs to host memory over CXL.cache (CXL-D) or to device memory")
-    p.add_argument("--fp32-pipeline", choices=("compact", "deep"), default="compact",
+    from hw.common.fp32 import Fp32Fma
+    p.add_argument("--fp32-pipeline", choices=tuple(Fp32Fma.LATENCIES), default="compact",
                    help="the engines' FP32 pipelines (hw/config.py fp32_pipeline): compact = FMA 5 cycles, "
                         "deep = 12 cycles at <= 6 LUT levels (same results)")
     p.set_defaults(func=cmd_run)

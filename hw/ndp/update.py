@@ -328,7 +328,6 @@ class Mgr(enum.IntEnum):
     FL_CHK = 7
 
 
-
 class _TagWrite:
     """A tag-store write request: set, per-way entries and per-way enables."""
     def __init__(self, set_bits: int, ways: int, entry_bits: int):
@@ -342,6 +341,7 @@ class _TagRead:
     def __init__(self, set_bits: int, width: int):
         self.addr = Signal(set_bits)
         self.data = Signal(width)
+
 
 class UpdateEngine(wiring.Component):
     """Sparse SGD of a TBE batch (opcode UPDATE); see the module docstring."""
