@@ -61,23 +61,13 @@ def classify(cell: dict) -> str:
     """``lut``, ``muxf``, ``carry``, ``wire`` (INV/BUF), ``dsp`` (combinational DSP), ``lutram``,
     ``srl``, ``seq`` (a boundary) or ``unknown``."""
     t = cell["type"].lstrip("\\")
-    if LUT.fullmatch(t):
-        return "lut"
-    if MUXF.fullmatch(t):
-        return "muxf"
-    if CARRY.fullmatch(t):
-        return "carry"
-    if WIRE.fullmatch(t):
-        return "wire"
     if DSP.fullmatch(t):
         p = cell.get("parameters", {})
         return "dsp" if all(_param_int(p.get(k, 1)) == 0 for k in DSP_REGS) else "seq"
-    if LUTRAM.fullmatch(t):
-        return "lutram"
-    if SRL.fullmatch(t):
-        return "srl"
-    if SEQUENTIAL.fullmatch(t):
-        return "seq"
+    for pattern, kind in ((LUT, "lut"), (MUXF, "muxf"), (CARRY, "carry"), (WIRE, "wire"), (LUTRAM, "lutram"),
+                          (SRL, "srl"), (SEQUENTIAL, "seq")):
+        if pattern.fullmatch(t):
+            return kind
     return "unknown"
 
 
