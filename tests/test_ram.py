@@ -137,6 +137,8 @@ def test_ram_rejects_bad_use():
     r.write_port()
     with pytest.raises(ValueError, match="1 write port"):
         r.write_port()
+    with pytest.raises(TypeError):
+        LvtRam(shape=8, depth=4, granularity=4)           # whole-word writes only
     lvt = LvtRam(shape=8, depth=4)
     lvt.write_port()
     with pytest.raises(ValueError, match="asynchronous"):

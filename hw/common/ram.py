@@ -24,7 +24,8 @@ get from a multi-port ``amaranth.lib.memory.Memory`` with those rules kept:
     its data, so a read returns one of the written words, never a mix. Synchronous read
     ports are non-transparent by default and may be ``transparent_for`` a set of write ports
     through a bypass register (as ``BypassRam``). The LVT is the only flip-flop storage,
-    so keep ``depth * ceil(log2 W)`` small (4 kbit).
+    so keep ``depth * ceil(log2 W)`` small (4 kbit). Whole-word writes only (no
+    ``granularity``).
 
 Ports are plain signal bundles (``addr``, ``data``, ``en``), like ``lib.memory``'s: a write port
 has ``addr``, ``data``, ``en`` (one bit per granularity chunk); a synchronous read port has
@@ -146,6 +147,9 @@ class BypassRam(_RamBase):
 class LvtRam(_RamBase):
     """Several write ports from one-write banks and a live value table (see module)."""
 
+    def __init__(self, *, shape, depth: int, name: str = "ram"):
+        super().__init__(shape=shape, depth=depth, name=name)
+
     def read_port(self, *, domain: str = "sync", transparent_for=()) -> _ReadPort:
         return self._new_read_port(domain, transparent_for)
 
@@ -154,8 +158,6 @@ class LvtRam(_RamBase):
         W = len(self._write_ports)
         if W < 2:
             raise ValueError(f"{self.name}: an LvtRam needs at least two write ports (use BypassRam)")
-        if self.chunks != 1:
-            raise ValueError(f"{self.name}: LvtRam supports whole-word writes only")
         # The live value table: which write port wrote each address last. Flip-flops (W write
         # ports); the only multi-write storage left.
         m.submodules.lvt = lvt = Memory(shape=ceil_log2(W), depth=self.depth, init=[])

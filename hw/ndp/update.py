@@ -95,6 +95,12 @@ Scratchpad (a write-back cache of rows)
   lookahead waits for the datapath.
 - Ordering: a victim's lines are read from the scratchpad and issued as writes before the new
   row's fill reads, in the same request stream (program order).
+- Memories (FPGA rules, hw/common/ram.py): the scratchpad is an ``LvtRam`` (fills and FMA
+  results write, the FMA operand and the write-backs read; the operand read bypasses a
+  same-cycle result); the tag store is one ``BypassRam`` per way. A tag invalidation (the
+  victim's entry, or a flush) is written one cycle after it is decided, through the way's only
+  write port; no insert and no tag lookup happens in that cycle (the manager is in FILL or
+  FL_CHK), so lookups never see the stale entry.
 
 Pipeline, latency and throughput (one request per cycle at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
