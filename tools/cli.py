@@ -10,6 +10,7 @@
   trainingcxl trace --preset P        a seeded DLRM trace (TBE layout, documented .npz format)
   trainingcxl run --model M ...       a model's embedding phase on the RTL, verified, JSON + table
   trainingcxl crash --points N ...    power-failure campaign: cut, recover, check, resume; JSON + table
+  trainingcxl fuzz --target T         adversarial CXL.mem / CXL.cache / NDP traffic, checked; JSON + table
   trainingcxl eval --models rm1,...   the paper's evaluation (PMEM/PCIe/CXL-D/CXL-B/CXL), JSON + report
   trainingcxl synth [--target xcup]   yosys synth_xilinx: LUT/FF/BRAM/URAM/DSP, logic levels, JSON + table
   trainingcxl fp32 --n 1000000        FP32 units against the exact reference, JSON + table (--pipeline deep)
@@ -297,6 +298,8 @@ def main(argv=None) -> int:
     add_synth_parser(sub)
     from tools.mem_audit import add_parser as add_memaudit_parser
     add_memaudit_parser(sub)
+    from tools.fuzz_cmd import add_fuzz_parser
+    add_fuzz_parser(sub)
 
     args = p.parse_args(argv)
     return args.func(args)
