@@ -328,16 +328,6 @@ def _run_args(**kw):
     return p.parse_args(argv)
 
 
-@pytest.mark.parametrize("option, value, text", [("config", "pcie", "system harness"),
-                                                 ("phase", "training", "only --phase embedding"),
-                                                 ("batches", 0, "at least 1")])
-def test_run_rejects_what_comes_later(capsys, option, value, text):
-    from tools.run_cmd import cmd_run
-    args = _run_args(**{option: value}) if option != "batches" else _run_args(batches=0)
-    assert cmd_run(args) == 2
-    assert text in capsys.readouterr().err
-
-
 def test_run_picks_the_default_device_when_the_model_fits_and_explains_when_not():
     from hw.config import DeviceConfig
     from tools.run_cmd import RunError, choose_device

@@ -31,6 +31,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools.cli_args import CliError, CliParser, check_output_path, positive_int, seed_int  # noqa: E402
+
 TOP_NAME = "trainingcxl_device"
 
 
@@ -128,9 +130,6 @@ STRESS = {   # --channel -> (cocotb module, test, title)
 
 
 def cmd_stress(args) -> int:
-    if args.transactions < 1:
-        print("--transactions must be at least 1", file=sys.stderr)
-        return 2
     seed = _seed(args)
     module, test, title = STRESS[args.channel]
     env = {"TCXL_SEED": str(seed), "TCXL_TRANSACTIONS": str(args.transactions)}
@@ -232,7 +231,7 @@ def cmd_waves(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="trainingcxl", description=__doc__,
+    p = CliParser(prog="trainingcxl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -242,7 +241,7 @@ def main(argv=None) -> int:
                    help="the simulation configuration (small memory) instead of the default")
     v.add_argument("--board", choices=["u200"],
                    help="the board integration top instead (hw/board/): Verilog, XDC template, port map")
-    v.add_argument("--clock-mhz", type=int,
+    v.add_argument("--clock-mhz", type=positive_int,
                    help="the clock the device will run at (CLOCK_MHZ CSR; the XDC period with --board); "
                         "default DeviceConfig.clock_mhz")
     v.set_defaults(func=cmd_verilog)
@@ -252,25 +251,25 @@ def main(argv=None) -> int:
 
     s = sub.add_parser("stress", help="random stress on Verilator")
     s.add_argument("--channel", choices=["mem", "cache"], default="mem")
-    s.add_argument("--transactions", type=int, default=20000)
-    s.add_argument("--seed", type=lambda x: int(x, 0))
+    s.add_argument("--transactions", type=positive_int, default=20000)
+    s.add_argument("--seed", type=seed_int)
     s.add_argument("--json", help="write the result here")
     s.add_argument("--trace", help="(cache) write every CXL.cache message to this file")
     s.set_defaults(func=cmd_stress)
 
     b = sub.add_parser("bench", help="performance figures (JSON)")
     b.add_argument("--json", default="build/bench.json")
-    b.add_argument("--lines", type=int, default=8192, help="lines in the streaming read")
-    b.add_argument("--transactions", type=int, default=20000, help="stress size")
-    b.add_argument("--seed", type=lambda x: int(x, 0))
-    b.add_argument("--overhead-batches", type=int, default=1,
+    b.add_argument("--lines", type=positive_int, default=8192, help="lines in the streaming read")
+    b.add_argument("--transactions", type=positive_int, default=20000, help="stress size")
+    b.add_argument("--seed", type=seed_int)
+    b.add_argument("--overhead-batches", type=positive_int, default=1,
                    help="measured batches per checkpoint-overhead run (after one warm-up batch)")
     b.set_defaults(func=cmd_bench)
 
     f = sub.add_parser("fp32", help="bit-exact campaign of the FP32 units (FMA, add, mul, div)")
     f.add_argument("--op", default="all", choices=["fma", "add", "mul", "div", "all"])
-    f.add_argument("--n", type=int, default=1_000_000, help="vectors per operator")
-    f.add_argument("--seed", type=lambda x: int(x, 0))
+    f.add_argument("--n", type=positive_int, default=1_000_000, help="vectors per operator")
+    f.add_argument("--seed", type=seed_int)
     f.add_argument("--pipeline", default="compact", choices=["compact", "deep"],
                    help="which pipeline of the units (hw/common/fp32.py): the default, or the deep one")
     f.add_argument("--json", help="write the result here")
@@ -302,7 +301,17 @@ def main(argv=None) -> int:
     add_fuzz_parser(sub)
 
     args = p.parse_args(argv)
-    return args.func(args)
+    try:
+        for option, folder in (("json", False), ("report", True)):
+            if getattr(args, option, None):
+                check_output_path(f"--{option}", getattr(args, option), folder=folder)
+        return args.func(args)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sim.tb.crash_tb import PHASES  # noqa: E402
+from tools.cli_args import CliError, positive_int, seed_int  # noqa: E402
 from tools.harness_run import write_json  # noqa: E402
 
 SUMMARY_KEYS = ("verified", "model", "schedule", "seed", "points", "consistent", "inconsistent",
@@ -48,7 +49,7 @@ SUMMARY_KEYS = ("verified", "model", "schedule", "seed", "points", "consistent",
                 "sim_cycles", "wall_seconds", "error")
 
 
-class CrashError(Exception):
+class CrashError(CliError):
     """A bad request (exit code 2)."""
 
 
@@ -155,14 +156,14 @@ def add_crash_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("crash", help="power-failure campaign: cut, recover, check, resume (JSON)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="rm-tiny", help="DLRM preset (must fit the 16 MiB simulated device)")
-    p.add_argument("--points", type=int, required=True, help="power cuts to recover from")
-    p.add_argument("--seed", type=lambda x: int(x, 0), default=None, help="campaign, trace and table seed")
+    p.add_argument("--points", type=positive_int, required=True, help="power cuts to recover from")
+    p.add_argument("--seed", type=seed_int, default=None, help="campaign, trace and table seed")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--phases", default=",".join(PHASES), help="comma list of phases to aim at (default: all)")
     p.add_argument("--schedule", choices=("cxl-b", "cxl-d"), default="cxl-b",
                    help="when LOG / MLP_LOG run: overlapping the GPU (cxl-b) or after it (cxl-d)")
-    p.add_argument("--rows-cap", type=int, default=None, help="cap every table at R rows")
-    p.add_argument("--batch-size", type=int, default=None, help="samples per batch")
+    p.add_argument("--rows-cap", type=positive_int, default=None, help="cap every table at R rows")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="samples per batch")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="train on this trace file's batches (cycled) instead of 4 generated ones")
     p.set_defaults(func=cmd_crash)

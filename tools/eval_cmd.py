@@ -46,6 +46,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools.cli_args import CliError, positive_int, seed_int  # noqa: E402
 from tools.harness_run import NoResult, run_harness_test, write_json  # noqa: E402
 
 MODELS = ("rm1", "rm2", "rm3", "rm4")
@@ -64,7 +65,7 @@ PAPER = {"speedup_cxl_over_pmem_avg": 5.2, "cxl_d_over_pcie": 1.23, "cxl_over_cx
 DEFAULT_MLP_PROBE = 4096
 
 
-class EvalError(Exception):
+class EvalError(CliError):
     """A bad request (exit 2)."""
 
 
@@ -73,16 +74,16 @@ def add_eval_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ",".join(MODELS))
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of " + ",".join(CONFIGS))
-    p.add_argument("--batches", type=int, default=None,
+    p.add_argument("--batches", type=positive_int, default=None,
                    help="training batches per model and order (default 3; with --trace all of the file's)")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="train on this trace file (one --models entry gives the MLP); see trainingcxl trace import")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=seed_int, default=1)
     p.add_argument("--json", default="build/eval.json")
     p.add_argument("--report", default=None, help="directory for report.md and the PNG plots")
-    p.add_argument("--batch-size", type=int, default=None, help="override every model's batch size")
-    p.add_argument("--rows-cap", type=int, default=None, help="override every model's rows per table")
-    p.add_argument("--mlp-probe", type=int, default=DEFAULT_MLP_PROBE,
+    p.add_argument("--batch-size", type=positive_int, default=None, help="override every model's batch size")
+    p.add_argument("--rows-cap", type=positive_int, default=None, help="override every model's rows per table")
+    p.add_argument("--mlp-probe", type=positive_int, default=DEFAULT_MLP_PROBE,
                    help="MLP image lines MLP_LOG copies on the RTL (the whole image's time is scaled)")
     p.add_argument("--recompose", metavar="JSON", default=None,
                    help="no simulation: compose the runs stored in an earlier eval JSON with the current parameters")
@@ -321,11 +322,7 @@ def bind_traces(args, models: list[str], tmp: pathlib.Path) -> dict:
 
 def main(args) -> int:
     from tools.eval_report import text_table, write_report
-    try:
-        result = evaluate(args)
-    except EvalError as e:
-        print(f"trainingcxl eval: {e}", file=sys.stderr)
-        return 2
+    result = evaluate(args)             # an EvalError is a CliError: one line, exit status 2
     write_json(args.json, result)
     print(text_table(result))
     if args.report:

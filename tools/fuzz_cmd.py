@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from tools.harness_run import NoResult, run_harness_test, write_json
+from tools.cli_args import positive_int, seed_int
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,10 @@ def add_fuzz_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("fuzz", help="adversarial traffic: CXL.mem, CXL.cache or NDP commands (JSON)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, choices=tuple(TARGETS))
-    p.add_argument("--messages", type=int, default=None, help="(cxl-mem, cxl-cache) messages to send (default 10000)")
-    p.add_argument("--commands", type=int, default=None, help="(ndp) commands to submit (default 500)")
-    p.add_argument("--seed", type=lambda x: int(x, 0), default=None, help="replay a run")
+    p.add_argument("--messages", type=positive_int, default=None,
+                   help="(cxl-mem, cxl-cache) messages to send (default 10000)")
+    p.add_argument("--commands", type=positive_int, default=None, help="(ndp) commands to submit (default 500)")
+    p.add_argument("--seed", type=seed_int, default=None, help="replay a run")
     p.add_argument("--json", help="write the result here")
     p.set_defaults(func=cmd_fuzz)
     return p

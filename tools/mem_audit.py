@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import math
 import pathlib
+from tools.cli_args import CliParser, non_negative_int
 
 FF_LIMIT_BITS = 4096
 SMALL_DEPTH = 64             # synchronous memories this shallow go to LUT RAM (memory_libmap's cost)
@@ -163,7 +164,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("memaudit", help="every on-chip memory classified by FPGA rules (BRAM / LUT RAM / FF)")
     p.add_argument("--config", choices=("default", "sim"), default="default",
                    help="the default (64 GiB) build or the simulation build")
-    p.add_argument("--ff-limit-bits", type=int, default=FF_LIMIT_BITS,
+    p.add_argument("--ff-limit-bits", type=non_negative_int, default=FF_LIMIT_BITS,
                    help="largest memory allowed in flip-flops (default %(default)s)")
     p.add_argument("--json", help="write the report as JSON")
     p.set_defaults(func=cmd_memaudit)
@@ -171,7 +172,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":     # pragma: no cover
-    parser = argparse.ArgumentParser()
+    parser = CliParser()
     add_parser(parser.add_subparsers(required=True))
     a = parser.parse_args()
     raise SystemExit(a.func(a))

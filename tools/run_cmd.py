@@ -41,8 +41,9 @@ sum over its commands. ``bound_source`` says whether the media counters were vis
 ("media-counters") or the engines' line counts spread evenly over the channels were used
 ("engine-stats-even-spread", a lower bound of the same figure).
 
-Only ``--config cxl-d`` and ``--phase embedding`` run today; the other configurations and
-phases come with the system harness and the checkpoint issues.
+``--config`` and ``--phase`` take one value each (cxl-d, embedding): this command runs the
+device's embedding phase as CXL-D uses it. The five configurations with the MLP and the
+checkpoints run in ``trainingcxl eval`` (tools/eval_cmd.py).
 """
 from __future__ import annotations
 
@@ -58,12 +59,15 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-CONFIGS = ("pmem", "pcie", "cxl-d", "cxl-b", "cxl")
-PHASES = ("embedding", "training")
+from tools.cli_args import CliError, positive_int, seed_int  # noqa: E402
+
+
+CONFIGS = ("cxl-d",)             # the other configurations: trainingcxl eval
+PHASES = ("embedding",)
 MAX_LINES_PER_CHANNEL = 1 << 21       # 4 channels x 128 MiB: the largest media we simulate
 
 
-class RunError(Exception):
+class RunError(CliError):
     """A bad request, reported as one line (exit code 2)."""
 
 
@@ -104,7 +108,7 @@ def resolve_trace(args):
     """(trace, source record): the --trace file bound to --model, or the model's generated trace.
     The preset is resolved here, once (tools/trace_source.py)."""
     from sim.model.dlrm import get_preset
-    from sim.model.trace import TraceKnobs, generate_trace
+    from sim.model.trace import TraceKnobs, generate_trace, make_manifest
     from tools.trace_source import generated_source, load_bound_trace
     if args.trace:
         for flag, value in (("--rows-cap", args.rows_cap), ("--batch-size", args.batch_size)):
@@ -118,7 +122,31 @@ def resolve_trace(args):
         raise RunError(f"model {args.model} trains with {preset.optimizer.name}; the device's UPDATE is SGD "
                        f"(row-wise Adagrad comes with a later issue)")
     knobs = TraceKnobs(rows_cap=args.rows_cap, batch_size=args.batch_size)
+    refuse_hopeless(make_manifest(preset, args.batches, args.seed, knobs), args.out)
+    print(f"generating the trace ({args.batches} batches)...", file=sys.stderr, flush=True)
     return generate_trace(preset, args.batches, args.seed, knobs), generated_source(args.model, args.seed, knobs)
+
+
+def refuse_hopeless(manifest: dict, out: str) -> None:
+    """Raise RunError, before any trace is generated, when even the fewest indices a batch of
+    this manifest can have (every bag at its shortest non-empty length, times the chance it is
+    not empty, halved for the sampling spread) do not fit the largest simulated device: a batch
+    of a million samples would otherwise take minutes to generate before ``choose_device`` could
+    refuse it."""
+    from hw.config import DeviceConfig
+    from sim.bfm.ndp_host import LayoutError, plan_layout, tables_from_manifest
+    B = manifest["batch_size"]
+    fewest = sum((1.0 - t["pooling"]["empty_prob"]) *
+                 (t["pooling"]["mean"] if t["pooling"]["kind"] == "fixed" else min(1, t["pooling"]["mean"]))
+                 for t in manifest["tables"]) * B / 2
+    largest = DeviceConfig.for_simulation(lines_per_channel=MAX_LINES_PER_CHANNEL)
+    try:
+        plan_layout(tables_from_manifest(manifest), batch_size=B, max_indices=int(fewest),
+                    capacity_lines=largest.capacity_lines, has_weights=manifest["has_weights"],
+                    outputs_in_device=out == "device")
+    except LayoutError as e:
+        raise RunError(f"batch_size: batches of {B} samples (at least ~{int(fewest)} indices) do not fit the "
+                       f"largest simulated device ({largest.capacity_bytes >> 20} MiB): {e}") from None
 
 
 def run_embedding(args) -> dict:
@@ -183,19 +211,8 @@ def format_result(result: dict) -> str:
 
 def cmd_run(args) -> int:
     from tools.harness_run import write_json
-    if args.config != "cxl-d":
-        print(f"error: --config {args.config} comes with the system harness (a later issue); only cxl-d runs now",
-              file=sys.stderr)
-        return 2
-    if args.phase != "embedding":
-        print(f"error: --phase {args.phase} comes with the MLP/checkpoint issues; only --phase embedding runs now",
-              file=sys.stderr)
-        return 2
     if args.batches is None and not args.trace:
         print("error: --batches is required (or --trace FILE: all its batches)", file=sys.stderr)
-        return 2
-    if args.batches is not None and args.batches < 1:
-        print("error: --batches must be at least 1", file=sys.stderr)
         return 2
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
@@ -216,17 +233,19 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("run", help="a model's embedding phase on the RTL, verified, with figures (JSON)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="DLRM preset: rm1 rm2 rm3 rm4 kaggle terabyte rm-tiny")
-    p.add_argument("--config", default="cxl-d", choices=CONFIGS, help="system configuration (only cxl-d today)")
-    p.add_argument("--phase", default="embedding", choices=PHASES, help="what to run (only embedding today)")
-    p.add_argument("--batches", type=int, default=None,
+    p.add_argument("--config", default="cxl-d", choices=CONFIGS,
+                   help="system configuration: cxl-d (the others run in trainingcxl eval)")
+    p.add_argument("--phase", default="embedding", choices=PHASES,
+                   help="what to run: the embedding phase (LOOKUP + UPDATE per batch)")
+    p.add_argument("--batches", type=positive_int, default=None,
                    help="number of batches (required without --trace; with it the first N of the file)")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="run this trace file (trainingcxl trace / trace import) instead of the model's generated "
                         "one; --model gives the MLP and optimizer, the file the tables, rows and batches")
     p.add_argument("--json", help="write the result here")
-    p.add_argument("--seed", type=lambda x: int(x, 0), default=None, help="trace, table and gradient seed")
-    p.add_argument("--rows-cap", type=int, default=None, help="cap every table at R rows")
-    p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the model's)")
+    p.add_argument("--seed", type=seed_int, default=None, help="trace, table and gradient seed")
+    p.add_argument("--rows-cap", type=positive_int, default=None, help="cap every table at R rows")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="samples per batch (default: the model's)")
     p.add_argument("--out", choices=("device", "host"), default="host",
                    help="pooled outputs to host memory over CXL.cache (CXL-D) or to device memory")
     from hw.common.fp32 import Fp32Fma

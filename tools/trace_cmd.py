@@ -23,6 +23,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools.cli_args import positive_int, seed_int  # noqa: E402
+
 
 def lookups_line(s: dict) -> str:
     """The lookups / unique rows / empty bags line of a ``summarize`` result."""
@@ -70,12 +72,12 @@ def add_trace_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("trace", help="write a seeded DLRM trace (.npz)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", help="rm1 rm2 rm3 rm4 kaggle terabyte dcnv2 rm-tiny (required)")
-    p.add_argument("--batches", type=int, help="number of batches (required)")
-    p.add_argument("--seed", type=lambda x: int(x, 0), default=None,
+    p.add_argument("--batches", type=positive_int, help="number of batches (required)")
+    p.add_argument("--seed", type=seed_int, default=None,
                    help="generator seed (default: drawn and printed)")
     p.add_argument("-o", "--output", help="trace file to write (.npz) (required)")
-    p.add_argument("--rows-cap", type=int, default=None, help="cap every table at R rows")
-    p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the preset's)")
+    p.add_argument("--rows-cap", type=positive_int, default=None, help="cap every table at R rows")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="samples per batch (default: the preset's)")
     p.add_argument("--alpha", type=float, default=None, help="Zipf alpha of every table (0 = uniform)")
     p.add_argument("--pooling", choices=("fixed", "uniform", "normal"), default=None,
                    help="bag-length distribution of every table (default: per table from the preset)")

@@ -25,6 +25,9 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools.cli_args import positive_int, seed_int  # noqa: E402
+
+
 FORMATS = ("fbgemm-pt", "criteo-tsv")
 
 
@@ -77,13 +80,15 @@ def add_import_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("input", help="input file (gzip detected by its magic bytes)")
     p.add_argument("-o", "--output", required=True, help="trace file to write (.npz)")
     p.add_argument("--preset", default="kaggle", help="MLP widths, optimizer and defaults (default kaggle)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help="samples per batch (default: criteo the preset's, fbgemm the file's)")
-    p.add_argument("--batches", type=int, default=None, help="keep the first N batches (default: all whole ones)")
+    p.add_argument("--batches", type=positive_int, default=None,
+                   help="keep the first N batches (default: all whole ones)")
     p.add_argument("--tables", default=None, help="comma list of the tables (features) to keep, in order")
-    p.add_argument("--rows-cap", type=int, default=None, help="fold indices into R rows (index %% R)")
-    p.add_argument("--dim", type=int, default=None, help="embedding dim of every table (default: the preset's)")
-    p.add_argument("--seed", type=lambda x: int(x, 0), default=0,
+    p.add_argument("--rows-cap", type=positive_int, default=None, help="fold indices into R rows (index %% R)")
+    p.add_argument("--dim", type=positive_int, default=None,
+                   help="embedding dim of every table (default: the preset's)")
+    p.add_argument("--seed", type=seed_int, default=0,
                    help="seed of what the file lacks (fbgemm: dense features, labels; default 0)")
     p.set_defaults(func=cmd_import)
     return p

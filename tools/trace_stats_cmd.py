@@ -19,6 +19,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools.cli_args import positive_int, seed_int  # noqa: E402
+
 
 def cmd_stats(args) -> int:
     from sim.model.trace import TraceKnobs, generate_trace, read_trace
@@ -50,10 +52,10 @@ def add_stats_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("file", nargs="?", default=None, help="trace file (.npz)")
     p.add_argument("--preset", default=None, help="generate the preset's trace instead of reading a file")
-    p.add_argument("--batches", type=int, default=4, help="with --preset: batches (default 4)")
-    p.add_argument("--seed", type=lambda x: int(x, 0), default=1, help="with --preset: seed (default 1)")
-    p.add_argument("--batch-size", type=int, default=None, help="with --preset: samples per batch")
-    p.add_argument("--rows-cap", type=int, default=None, help="with --preset: cap every table at R rows")
+    p.add_argument("--batches", type=positive_int, default=4, help="with --preset: batches (default 4)")
+    p.add_argument("--seed", type=seed_int, default=1, help="with --preset: seed (default 1)")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="with --preset: samples per batch")
+    p.add_argument("--rows-cap", type=positive_int, default=None, help="with --preset: cap every table at R rows")
     p.add_argument("--json", default=None, help="write the full JSON here")
     p.set_defaults(func=cmd_stats)
     return p

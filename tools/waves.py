@@ -14,6 +14,8 @@ import pathlib
 import shutil
 import subprocess
 
+from tools.cli_args import CliError
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WAVES = REPO / "build" / "waves"
 TOP = "tcxl_harness"
@@ -83,10 +85,8 @@ def open_waves(test: str, *, no_gui: bool = False) -> int:
     dump = find_dump(test)
     if dump is None:
         have = sorted({p.stem for ext in ("fst", "vcd") for p in WAVES.glob(f"*.{ext}")})
-        print(f"no waveform for {test!r} in {WAVES}. Run the test with waves first, e.g.\n"
-              f"  WAVES=1 make sim PYTEST_ARGS='-k {test}'\n"
-              f"available: {', '.join(have) or 'none'}")
-        return 1
+        raise CliError(f"no waveform for {test!r} in {WAVES} (have: {', '.join(have) or 'none'}); "
+                       f"run the test with waves first: WAVES=1 make sim PYTEST_ARGS='-k {test}'")
     gtkw = write_gtkw(test, dump)
     print(f"wrote {gtkw}")
     cmd = ["gtkwave", str(dump), str(gtkw)]

@@ -11,13 +11,16 @@ real data. ``criteo_lines`` and ``tbe_arrays`` are the generators, for tests.
 """
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:        # run as a script: python tools/workload_samples.py
+    sys.path.insert(0, str(REPO))
+
+from tools.cli_args import CliParser, positive_int, seed_int  # noqa: E402
 
 
 def criteo_lines(n: int, seed: int, *, empty_prob: float = 0.05, values_per_feature: int = 5000) -> list[str]:
@@ -53,12 +56,12 @@ def write_fbgemm(path, tables: int, batch: int, seed: int, **kw) -> pathlib.Path
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = CliParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(REPO / "build" / "samples"), help="output folder (default build/samples)")
-    p.add_argument("--lines", type=int, default=512, help="Criteo sample lines (default 512)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--tables", type=int, default=8, help="FBGEMM sample tables (default 8)")
-    p.add_argument("--batch", type=int, default=64, help="FBGEMM sample samples per table (default 64)")
+    p.add_argument("--lines", type=positive_int, default=512, help="Criteo sample lines (default 512)")
+    p.add_argument("--seed", type=seed_int, default=1)
+    p.add_argument("--tables", type=positive_int, default=8, help="FBGEMM sample tables (default 8)")
+    p.add_argument("--batch", type=positive_int, default=64, help="FBGEMM sample samples per table (default 64)")
     args = p.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
