@@ -75,14 +75,35 @@ def config_key(config: DeviceConfig) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 
+def source_digest() -> str:
+    """SHA-1 over everything the harness Verilog is generated from: every file of hw/, this
+    file, the media parameters (sim/model/pmem_params.py) and the Amaranth version."""
+    import amaranth
+    here = pathlib.Path(__file__).resolve()
+    hw = runner.REPO / "hw"
+    files = [(f.relative_to(hw).as_posix(), f) for f in sorted(hw.rglob("*.py"))]
+    files += [("sim/harness.py", here), ("sim/model/pmem_params.py", here.parent / "model" / "pmem_params.py")]
+    h = hashlib.sha1(amaranth.__version__.encode())
+    for name, f in files:
+        h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def build_harness(config: DeviceConfig) -> pathlib.Path:
-    """Generate and compile the harness for ``config``; returns the build folder."""
+    """Generate and compile the harness for ``config``; returns the build folder.
+
+    The Verilog (about 40 s of Amaranth conversion) is generated again only when
+    ``source_digest()`` differs from the one stamped next to it; Verilator's make then
+    rebuilds only when the Verilog changed."""
     name = f"harness-{config_key(config)}"
     vdir = runner.BUILD / "sim" / "src" / name
     vdir.mkdir(parents=True, exist_ok=True)
-    vfile = vdir / f"{TOPLEVEL}.v"
-    text = verilog.convert(DeviceHarness(config), name=TOPLEVEL, emit_src=False)
+    vfile, stamp = vdir / f"{TOPLEVEL}.v", vdir / "source.sha1"
+    digest = source_digest()
     with runner.build_lock(vdir):   # another worker may be writing the same file
-        if not vfile.exists() or vfile.read_text() != text:   # keep mtime: no needless rebuild
-            vfile.write_text(text)
+        if not (vfile.exists() and stamp.exists() and stamp.read_text() == digest):
+            text = verilog.convert(DeviceHarness(config), name=TOPLEVEL, emit_src=False)
+            if not vfile.exists() or vfile.read_text() != text:   # keep mtime: no needless rebuild
+                vfile.write_text(text)
+            stamp.write_text(digest)
     return runner.build(name, [vfile, MEDIA_SV, MEDIA_VLT], TOPLEVEL)
