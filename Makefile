@@ -38,8 +38,11 @@ sim: install
 unit: install
 	$(PY) -m pytest -m "not sim" $(PYTEST_ARGS)
 
-# Everything CI runs.
-test: install lint
+# Everything CI runs: ruff, then pytest, whose tests include the Verilator lint
+# (tests/test_lint.py: the same checks as make lint, run by a worker next to the others).
+# The long campaigns (make sim-long) are skipped.
+test: install
+	$(VENV)/bin/ruff check hw sim tools tests
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 verilog: install

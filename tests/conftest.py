@@ -14,6 +14,20 @@ from sim import runner  # noqa: E402
 runner.setup_path()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true",
+                     help="also run the long campaigns (@pytest.mark.long; make sim-long)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="long campaign: make sim-long (pytest --long)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def sim_config():
     from hw.config import DeviceConfig

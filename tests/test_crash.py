@@ -68,11 +68,15 @@ def test_crash_at_each_phase(harness, tmp_path, capsys):
 
 
 @pytest.mark.sim
-def test_crash_campaign_50_points(harness, tmp_path, capsys):
-    """The CI campaign: 50 random points (random seed, printed) under the batch-aware schedule."""
-    result = _campaign(harness, tmp_path, capsys, points=50)
+@pytest.mark.parametrize("points", [
+    2 * len(PHASES),                                  # make test: two rounds over the phases
+    pytest.param(50, marks=pytest.mark.long),         # make sim-long
+])
+def test_crash_campaign_random(harness, tmp_path, capsys, points):
+    """Random points (random seed, printed) under the batch-aware schedule."""
+    result = _campaign(harness, tmp_path, capsys, points=points)
     assert result["all_phases_hit"], result["phases_hit"]
-    assert result["cuts"] >= 50 + result["phases_aimed"]["recovery"] - 1
+    assert result["cuts"] >= points + result["phases_aimed"]["recovery"] - 1
 
 
 @pytest.mark.sim
