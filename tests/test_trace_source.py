@@ -109,7 +109,7 @@ def test_run_trace_end_to_end(criteo_trace, tmp_path, capsys):
     assert r["verified"] and len(r["batches"]) == 2 and r["knobs"]["batch_size"] == 4
     src = r["trace_source"]
     assert src["kind"] == "file" and src["origin"] == "criteo-tsv" and src["origin_file"] == "criteo.txt"
-    assert r["lookups"] == 2 * 4 * 26 and "trace: file" in cap.out
+    assert r["lookups"] == 2 * 4 * 26 and "trace: file" in cap.err
 
 
 # --------------------------------------------------------------------------------------------

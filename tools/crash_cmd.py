@@ -100,7 +100,8 @@ def run_campaign(args) -> dict:
                         ("TCXL_CRASH_TRACE", getattr(args, "bound_trace", None))):
         if value is not None:
             env[name] = str(value)
-    print(f"{args.points} power-failure points ({args.schedule}); progress is logged per point", flush=True)
+    print(f"{args.points} power-failure points ({args.schedule}); progress is logged per point",
+          file=sys.stderr, flush=True)
     try:
         result = run_harness_test("crash_campaign", env, "sim.tb.crash_tb")
     except NoResult as e:

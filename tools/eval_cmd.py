@@ -169,13 +169,14 @@ def run_order(model: str, order: str, args) -> dict:
         env["TCXL_EVAL_TRACE"] = str(bound[0])
     t0 = time.perf_counter()
     print(f"[eval] {model} {order}: training {args.batches} batches on the RTL "
-          f"(batch size {k['batch_size'] or 'preset'}, rows cap {k['rows_cap'] or 'preset'})...", flush=True)
+          f"(batch size {k['batch_size'] or 'preset'}, rows cap {k['rows_cap'] or 'preset'})...",
+          file=sys.stderr, flush=True)
     try:
         res = run_harness_test("training_eval", env, "sim.tb.eval_tb", label=f"training_eval-{model}-{order}")
     except NoResult as e:
         res = {"verified": False, "error": str(e)}
     state = "verified" if res.get("verified") else f"FAILED: {res.get('error', '?')[:300]}"
-    print(f"[eval] {model} {order}: {state} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(f"[eval] {model} {order}: {state} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     return res
 
 
@@ -247,7 +248,7 @@ def simulate(args, models: list[str], configs: list[str]) -> dict:
     orders = [o for o, need in (("exact", any(c != "cxl" for c in configs)), ("relaxed", "cxl" in configs)) if need]
     runs = {}
     for i, model in enumerate(models):
-        print(f"[eval] model {i + 1}/{len(models)}: {model}", flush=True)
+        print(f"[eval] model {i + 1}/{len(models)}: {model}", file=sys.stderr, flush=True)
         # The two orders are independent simulations: run them side by side (2 cores).
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(orders)) as pool:
             futures = {order: pool.submit(run_order, model, order, args) for order in orders}
@@ -287,7 +288,8 @@ def evaluate(args) -> dict:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise EvalError(f"--recompose {args.recompose}: not an eval JSON with stored runs ({e})") from None
         meta = {k: v for k, v in old["meta"].items() if k not in ("runs", "params", "notes", "paper")}
-        print(f"[eval] recomposing the runs in {args.recompose} with the current parameters", flush=True)
+        print(f"[eval] recomposing the runs in {args.recompose} with the current parameters",
+              file=sys.stderr, flush=True)
         return compose_all(old["meta"]["runs"], old["meta"]["models"], old["meta"]["configs"], meta)
     models, configs = check_request(args)
     with tempfile.TemporaryDirectory() as tmp:

@@ -161,15 +161,15 @@ def run_embedding(args) -> dict:
     s = summarize(trace)
     origin = f"file {source['file']} ({source['origin']}, sha256 {source['sha256'][:16]}...)" \
         if source["kind"] == "file" else f"preset {args.model}, seed {args.seed}"
-    print(f"trace: {origin}", flush=True)
+    print(f"trace: {origin}", file=sys.stderr, flush=True)
     print(f"model {args.model}: {s['tables']} tables, batch {s['batch_size']}, {s['batches']} batches, "
           f"{s['lookups']} lookups; device {cfg.capacity_bytes >> 20} MiB "
           f"({cfg.lines_per_channel} lines per channel), tables at lines "
-          f"{layout.table_regions[0].base}..{layout.table_regions[-1].end - 1}", flush=True)
+          f"{layout.table_regions[0].base}..{layout.table_regions[-1].end - 1}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = write_trace(pathlib.Path(tmp) / "trace.npz", trace)
         env = {"TCXL_SEED": str(args.seed), "TCXL_TRACE": str(trace_path), "TCXL_RUN_OUT": args.out}
-        print(f"{len(trace.batches)} batches (LOOKUP + UPDATE each)", flush=True)
+        print(f"{len(trace.batches)} batches (LOOKUP + UPDATE each)", file=sys.stderr, flush=True)
         try:
             result = run_harness_test("embedding_run", env, "sim.tb.ndp_run_tb", config=cfg)
         except NoResult as e:

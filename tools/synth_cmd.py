@@ -56,6 +56,12 @@ if str(REPO) not in sys.path:
 
 from tools.harness_run import write_json  # noqa: E402
 
+
+def progress(*args, **kw) -> None:
+    """A progress line: stderr, so stdout carries only the result table."""
+    print(*args, file=sys.stderr, **kw)
+
+
 # synth_xilinx options per target (family): xcup also infers UltraRAM (URAM288) for large memories.
 TARGETS = {"xcup": " -uram", "xc7": ""}
 DEFAULT_TARGET = "xcup"
@@ -217,7 +223,7 @@ def _follow(path: pathlib.Path, proc: subprocess.Popen):
             time.sleep(0.5)
 
 
-def run_yosys(script: pathlib.Path, log: pathlib.Path, timeout: float | None, say=print) -> dict:
+def run_yosys(script: pathlib.Path, log: pathlib.Path, timeout: float | None, say=progress) -> dict:
     """Run ``yosys -q -l log -s script`` in the script's folder, following the log: one line
     per synth_xilinx step (plus a heartbeat in long steps) goes to ``say``. (YoWASP Yosys
     loses its stdout once its in-process ABC has run, so the log file is the record; the
@@ -256,7 +262,7 @@ def run_yosys(script: pathlib.Path, log: pathlib.Path, timeout: float | None, sa
 
 
 def synthesize(verilog: pathlib.Path, top: str, target: str, keep: pathlib.Path,
-               timeout: float | None = None, say=print, share: str = "fast", flatten: bool = True) -> dict:
+               timeout: float | None = None, say=progress, share: str = "fast", flatten: bool = True) -> dict:
     """Synthesize ``top`` of ``verilog`` (copied into ``keep`` if it is elsewhere) and return
     the result dict (see the module docstring) without ``device_config`` / ``wall_seconds``."""
     keep.mkdir(parents=True, exist_ok=True)
@@ -484,7 +490,7 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
 
 
 def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, folder: pathlib.Path,
-                      block_timeout: float, timeout: float | None = None, say=print, share: str = "fast",
+                      block_timeout: float, timeout: float | None = None, say=progress, share: str = "fast",
                       flatten: bool = True) -> dict:
     """Synthesize each block alone (see the module docstring): one Yosys process reads the
     modules of the blocks once; a block that times out or fails costs a new process for the rest.
