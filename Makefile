@@ -9,10 +9,10 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install sim unit test verilog lint waves bench stress crash eval synth regmap clean help
+.PHONY: install sim sim-long unit test verilog lint waves bench stress crash eval synth regmap clean help
 
 help:
-	@echo "make install | test | sim | unit | bench | eval | synth | stress | crash | verilog | lint | waves TEST=<name> | regmap | clean"
+	@echo "make install | test | sim | sim-long | unit | bench | eval | synth | stress | crash | verilog | lint | waves TEST=<name> | regmap | clean"
 
 install: $(STAMP)
 
@@ -33,6 +33,12 @@ $(STAMP): pyproject.toml
 # The Verilator regression (cocotb tests through pytest).
 sim: install
 	$(PY) -m pytest -m sim -n $(JOBS) $(PYTEST_ARGS)
+
+# The long campaigns, not in make test: the pytest cases marked long, then the full-size
+# command-line campaigns (JSON in build/). Each step stops the target on a failure.
+sim-long: install
+	$(PY) -m pytest -n $(JOBS) --long -m long $(PYTEST_ARGS)
+	$(TCXL) crash --model rm-tiny --points 200 --seed 2 --json build/crash-200.json
 
 # Pure-Python tests (models, generators, checkers).
 unit: install
