@@ -5,8 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TCXL := $(VENV)/bin/trainingcxl
 STAMP := $(VENV)/.installed
-# Parallel pytest workers for the simulation tests (2 cores here).
+# Parallel pytest workers for the simulation tests (2 cores here); worksteal: an idle worker
+# takes queued tests from a busy one (test durations range from milliseconds to minutes).
 JOBS ?= 2
+DIST ?= worksteal
 PYTEST_ARGS ?=
 
 .PHONY: install sim sim-long unit test verilog lint waves bench stress crash eval synth regmap clean help
@@ -32,12 +34,12 @@ $(STAMP): pyproject.toml
 
 # The Verilator regression (cocotb tests through pytest).
 sim: install
-	$(PY) -m pytest -m sim -n $(JOBS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m sim -n $(JOBS) --dist $(DIST) $(PYTEST_ARGS)
 
 # The long campaigns, not in make test: the pytest cases marked long, then the full-size
 # command-line campaigns (JSON in build/). Each step stops the target on a failure.
 sim-long: install
-	$(PY) -m pytest -n $(JOBS) --long -m long $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist $(DIST) --long -m long $(PYTEST_ARGS)
 	$(TCXL) crash --model rm-tiny --points 200 --seed 2 --json build/crash-200.json
 
 # Pure-Python tests (models, generators, checkers).
@@ -49,7 +51,7 @@ unit: install
 # The long campaigns (make sim-long) are skipped.
 test: install
 	$(VENV)/bin/ruff check hw sim tools tests
-	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist $(DIST) $(PYTEST_ARGS)
 
 verilog: install
 	$(TCXL) verilog -o build/verilog

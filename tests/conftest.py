@@ -19,7 +19,13 @@ def pytest_addoption(parser):
                      help="also run the long campaigns (@pytest.mark.long; make sim-long)")
 
 
+# Started first: the longest single tests, so that no worker is left with one of them at
+# the end while the other idles (pytest-xdist hands out tests in collection order).
+START_FIRST = ("tests/test_lint.py::",)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not item.nodeid.startswith(START_FIRST))    # stable: the rest keep their order
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="long campaign: make sim-long (pytest --long)")
