@@ -299,6 +299,10 @@ class CxlCacheMonitor:
     def outstanding(self) -> int:
         return len(self._live) + len(self._snoop_uqid) + len(self._owed)
 
+    def requests_in_flight(self, line: int) -> int:
+        """Device requests to ``line`` the host has not completed yet."""
+        return len(self._line_reqs.get(line, ()))
+
     @property
     def device_violations(self) -> list[str]:
         """The violations the device caused (``violations`` minus ``host_violations``)."""

@@ -9,7 +9,7 @@ Construction::
 
     HomeAgent(host_range=(base_line, n_lines), gpu_range=None, device_hdm_range=None, *,
               rng=None, max_delay=0, grant_m=False, rdshared_grant_e=False,
-              snp_cur_rate=0.0, error_lines=(), error_rate=0.0)
+              snp_cur_rate=0.0, error_lines=(), error_rate=0.0, error_writes=True)
 
 Ranges are (first line address, number of lines). Host and GPU memory are both served from
 the HA's memory (a dict line -> 512-bit int, default 0, plus a poisoned set); the device's
@@ -41,7 +41,9 @@ then ExtCmp. GO state in RspData[3:0]; pulls carry the host UQID in RspData; all
 carry the request's CQID; RSP_PRE is 0. Data messages set ChunkValid = 1.
 Error injection: a read of a line in ``error_lines`` (or with probability ``error_rate``)
 gets GO-Err and all-ones data with Poison and GO-Err set; a write gets GO_ERR_WritePull (WrInv:
-WritePull then GO-Err; WOWrInv: then ExtCmp) and its data is dropped.
+WritePull then GO-Err; WOWrInv: then ExtCmp) and its data is dropped. ``error_writes=False``
+keeps the random errors (``error_rate``) to reads and CLFlush: a dropped write-back loses the
+line's dirty data, which a value checker cannot tell from a lost write.
 
 Conflicts with the host CPU: before a device grant the CPU copy is recalled (invalidated for
 E/M grants, writes and flushes; downgraded to S for S grants), dirty data written back.
@@ -144,8 +146,8 @@ _M2S_FWD_FIELDS = {"snp_type": SnpType.NO_OP.value, "meta_field": MetaField.META
                    "meta_value": MetaValue.INVALID.value, "ld_id": 0, "tc": 0}
 _QID_COUNT = 1 << QID_BITS
 # Requests error injection applies to (CleanEvict(NoData) has no error answer).
-_INJECTABLE = frozenset({_RD_CURR, _RD_OWN, _RD_SHARED, _RD_ANY, _RD_OWN_NO_DATA, _CL_FLUSH,
-                         _ITOM_WR, _WR_CUR, _DIRTY_EVICT, _WR_INV, _WO_WR_INV, _WO_WR_INV_F})
+_INJECTABLE_READS = frozenset({_RD_CURR, _RD_OWN, _RD_SHARED, _RD_ANY, _RD_OWN_NO_DATA, _CL_FLUSH})
+_INJECTABLE = _INJECTABLE_READS | {_ITOM_WR, _WR_CUR, _DIRTY_EVICT, _WR_INV, _WO_WR_INV, _WO_WR_INV_F}
 
 
 class HaMsg:
@@ -201,7 +203,8 @@ class _Line:
 class HomeAgent:
     def __init__(self, host_range, gpu_range=None, device_hdm_range=None, *, rng=None,
                  max_delay: int = 0, grant_m: bool = False, rdshared_grant_e: bool = False,
-                 snp_cur_rate: float = 0.0, error_lines=(), error_rate: float = 0.0):
+                 snp_cur_rate: float = 0.0, error_lines=(), error_rate: float = 0.0,
+                 error_writes: bool = True):
         self.ranges = [r for r in (host_range, gpu_range) if r is not None]
         self.device_hdm_range = device_hdm_range
         self.rng = rng
@@ -211,6 +214,7 @@ class HomeAgent:
         self.snp_cur_rate = snp_cur_rate if rng is not None else 0.0
         self.error_lines = set(error_lines)
         self.error_rate = error_rate if rng is not None else 0.0
+        self.error_writes = error_writes
         self.memory: dict[int, int] = {}
         self.poisoned: set[int] = set()
         self.lines: dict[int, _Line] = {}
@@ -353,9 +357,11 @@ class HomeAgent:
     def _error(self, text):
         self.protocol_errors.append(text)
 
-    def _is_error(self, line) -> bool:
+    def _is_error(self, line, opcode) -> bool:
         if line in self.error_lines:
             return True
+        if not self.error_writes and opcode not in _INJECTABLE_READS:
+            return False
         return bool(self.error_rate) and self.rng.random() < self.error_rate
 
     # ---- serialization per line
@@ -475,7 +481,7 @@ class HomeAgent:
     def _start_dev(self, op: _Op, rec: _Line) -> None:
         opcode = op.opcode
         line = op.line
-        if op.error or (opcode in _INJECTABLE and self._is_error(line)):
+        if op.error or (opcode in _INJECTABLE and self._is_error(line, opcode)):
             self._answer_error(op, rec)
             return
         if opcode in (_RD_SHARED, _RD_OWN, _RD_ANY, _RD_OWN_NO_DATA):

@@ -425,85 +425,20 @@ async def coherence_stress(dut):
     so evictions happen). Checks, all the time: the CXL.cache protocol monitor; single writer
     or multiple readers on every line at every message; every read (device or CPU) returns
     a value the line could hold at that time; the home agent saw no protocol error and kept
-    its obligations. Sizes: TCXL_TRANSACTIONS device operations."""
+    its obligations (sim/tb/coherence_bench.py). Sizes: TCXL_TRANSACTIONS device operations."""
     import json
     import os
     import time
-    from sim.bfm.cxl_cache_host import CxlCacheHost
-    from sim.checkers.coherence import CoherenceChecker
-    from sim.checkers.cxl_cache_monitor import CxlCacheMonitor
-    from sim.model.home_agent import HomeAgent, swmr_ok
-    from sim.model.host_cpu_cache import HostCpuCache
+    from sim.tb.coherence_bench import HOST_BASE, CoherenceBench
 
     n_ops = int(os.environ.get("TCXL_TRANSACTIONS", "2000"))
     env = await DeviceEnv.create(dut)
     env.cache_traffic_expected = True
-    rng, seed, cfg = env.rng, env.seed, env.config
-    slots = cfg.cache_lines
-    base = 1 << 24                            # host memory, far above the device's HDM window
+    rng, seed, slots = env.rng, env.seed, env.config.cache_lines
     # 12 lines: 3 cache slots x 4 lines each, so fills evict each other.
-    lines = [base + s + k * slots for s in (3, 17, 40) for k in range(4)]
-    ha = HomeAgent((base, 1 << 16), device_hdm_range=(0, cfg.capacity_lines),
-                   rng=random.Random(seed + 3), max_delay=4, grant_m=bool(seed & 1),
-                   snp_cur_rate=0.1)
-    cpu = HostCpuCache(ha, lines, rng=random.Random(seed + 4), store_rate=0.5, evict_rate=0.05)
-    monitor = CxlCacheMonitor(device_hdm=(0, cfg.capacity_lines))
-    host = CxlCacheHost(dut, env.clk, ha, rng=random.Random(seed + 5), backpressure=0.1,
-                        mem_host=env.host, cpu=cpu, cpu_period=6)
-    host.listeners.append(monitor)
-    env.host.listeners.append(monitor)        # MemRdFwd / MemWrFwd on CXL.mem
-    client = CacheClient(dut, env.clk, rng=random.Random(seed + 6))
-    checker = CoherenceChecker()
-    coherence_violations = []
-    state_names = {"I": 0, "S": 1, "E": 2, "M": 3}
-
-    def now():
-        return host.cycle
-
-    # CPU operations are intervals too: from issue to completion.
-    issued = {}
-    for name in ("load", "store"):
-        original = getattr(cpu, name)
-
-        def wrapped(line, *a, _orig=original, **k):
-            issued[line] = now()
-            return _orig(line, *a, **k)
-        setattr(cpu, name, wrapped)
-
-    def cpu_access(kind, line, value):
-        t = now()
-        if kind == "store":
-            checker.write(line, value, issued.get(line, t), t)
-        else:
-            checker.record_read(line, value, issued.get(line, t), t, who="CPU load")
-    cpu.on_access = cpu_access
-
-    def device_answer(req, f, cycle):
-        if f["error"]:
-            return
-        op = CacheOp(req.op)
-        if op in (CacheOp.READ_SHARED, CacheOp.READ_OWN, CacheOp.READ_CURRENT):
-            checker.record_read(req.line, f["data"], req.accepted, cycle, who=f"device {op.name}")
-        elif op in (CacheOp.WRITE, CacheOp.PUSH, CacheOp.PUSH_INV):
-            checker.write(req.line, req.data, req.accepted, cycle)
-    client.on_response.append(device_answer)
-
-    class Swmr:                               # single writer / multiple readers, every message
-        def check(self, cycle):
-            for line in lines:
-                dev = state_names[monitor.coherence.granted_state(line)]
-                cpu_state = cpu.state.get(line, 0)
-                if not swmr_ok(dev, cpu_state) or not swmr_ok(*ha.dir_state(line)):
-                    coherence_violations.append(
-                        f"cycle {cycle}: line {line:#x} device {dev} cpu {cpu_state} "
-                        f"directory {ha.dir_state(line)}")
-
-        def on_d2h(self, cycle, kind, f):
-            self.check(cycle)
-
-        def on_h2d(self, cycle, kind, f):
-            self.check(cycle)
-    host.listeners.append(Swmr())
+    lines = [HOST_BASE + s + k * slots for s in (3, 17, 40) for k in range(4)]
+    bench = CoherenceBench(env, lines, ha_kw=dict(max_delay=4, grant_m=bool(seed & 1), snp_cur_rate=0.1),
+                           cpu_kw=dict(store_rate=0.5, evict_rate=0.05), backpressure=0.1, cpu_period=6)
     if os.environ.get("TCXL_TRACE"):          # every message, for debugging a failing seed
         trace = open(os.environ["TCXL_TRACE"], "w")
 
@@ -516,66 +451,36 @@ async def coherence_stress(dut):
 
             def on_h2d(self, cycle, kind, f):
                 trace.write(f"{cycle} H2D {kind} {short(f)}\n")
-        host.listeners.insert(0, Trace())
-        client.on_response.append(lambda req, f, c: trace.write(
+        bench.host.listeners.insert(0, Trace())
+        bench.client.on_response.append(lambda req, f, c: trace.write(
             f"{c} PORT rsp op {CacheOp(req.op).name} line {req.line:#x} accepted {req.accepted} "
             f"err {f['error']} data {hex(f['data'])[:14]}\n"))
 
     ops = [CacheOp.READ_SHARED] * 25 + [CacheOp.READ_OWN] * 20 + [CacheOp.READ_CURRENT] * 10 + \
         [CacheOp.WRITE] * 25 + [CacheOp.PUSH] * 8 + [CacheOp.PUSH_INV] * 5 + [CacheOp.FLUSH] * 7
-    host.start()
-    client.start()
+    bench.start()
     t0 = time.perf_counter()
-    start_cycle = now()
-    done = 0
+    start_cycle = bench.cycle
     for _ in range(n_ops):
-        while len(client.outstanding) >= 16:
-            await Timer(8 * CLOCK_PERIOD_NS, unit="ns")
-            for drv in (host, client.link):
-                if drv.error is not None:
-                    raise drv.error
-        op = rng.choice(ops)
-        client.request(op, rng.choice(lines), rng.getrandbits(512))
-        done += 1
+        await bench.request(rng.choice(ops), rng.choice(lines), rng.getrandbits(512))
         if rng.random() < 0.3:
             await Timer(rng.randrange(1, 8) * CLOCK_PERIOD_NS, unit="ns")
-    for _ in range(20000):
-        if not client.busy and host.idle:
-            break
-        await Timer(8 * CLOCK_PERIOD_NS, unit="ns")
-        for drv in (host, client.link):
-            if drv.error is not None:
-                raise drv.error
-    assert not client.busy, f"{len(client.outstanding)} device requests never answered"
-    cycles = now() - start_cycle
+    unanswered = await bench.drain(160000)
+    assert not unanswered, f"{unanswered} device requests never answered"
+    cycles = bench.cycle - start_cycle
     wall = time.perf_counter() - t0
-    # Finally every line read through the device, after all writes: the latest value.
-    host.cpu_period = 0
-    final = {}
-    client.on_response.append(lambda req, f, c: final.__setitem__(req.line, (req, f, c)))
-    for line in lines:
-        client.request(CacheOp.READ_CURRENT, line)
-    for _ in range(2000):
-        if not client.busy:
-            break
-        await Timer(8 * CLOCK_PERIOD_NS, unit="ns")
-    monitor.finish(now())
-    checker.check()
-    protocol = (monitor.violations + [f"home agent: {e}" for e in ha.protocol_errors]
-                + [f"home agent obligation: {e}" for e in ha.obligation_violations])
-    result = {"transactions": n_ops, "mismatches": len(checker.violations),
-              "protocol_violations": len(protocol),
-              "coherence_violations": len(coherence_violations), "cycles": cycles,
-              "sim_cycles_per_second": round(cycles / wall), "reads_checked": checker.reads_checked,
-              "cpu": dict(cpu.counts), "seed": seed}
+    await bench.final_reads()
+    bench.finish()
+    result = {"transactions": n_ops, **bench.counts(), "cycles": cycles,
+              "sim_cycles_per_second": round(cycles / wall), "seed": seed}
     dut._log.info(f"coherence stress: {result}")
     path = os.environ.get("TCXL_RESULT_JSON")
     if path:
         with open(path, "w") as fh:
             json.dump(result, fh, indent=2, sort_keys=True)
-    problems = checker.violations[:5] + protocol[:5] + coherence_violations[:5]
+    problems = bench.problems()
     assert not problems, f"seed {seed}:\n" + "\n".join(problems)
-    assert checker.reads_checked > n_ops // 4 and cpu.counts["stores"] > 0
+    assert bench.checker.reads_checked > n_ops // 4 and bench.cpu.counts["stores"] > 0
 
 
 @cocotb.test()
