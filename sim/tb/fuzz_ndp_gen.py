@@ -157,8 +157,8 @@ def _index_range(g, c):
     spans = [s for s in spans if s[2] > s[1]] or [(0, 0, 1)]
     t, lo, hi = spans[int(g.rng.integers(0, len(spans)))]
     rows = c.descs[t]["rows"]
-    c.indices[int(g.rng.integers(lo, hi))] = int(g.rng.choice([rows, rows + 1, rows + int(g.rng.integers(0, 1000)),
-                                                               U32])) & U32
+    c.indices[int(g.rng.integers(lo, hi))] = int(g.rng.choice([rows, rows, rows, rows + 1,
+                                                               rows + int(g.rng.integers(0, 1000)), U32])) & U32
 
 
 def _long_bag(g, c):
