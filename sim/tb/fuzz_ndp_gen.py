@@ -91,8 +91,10 @@ def _span(g, c):      # out / gradient array lines
 def _beyond(g: "FuzzGen", lines: int, bits: int = 32) -> int:
     """A base address whose ``lines`` lines reach past the device's end: just past, or far."""
     r = g.rng.random()
+    if r < 0.4:                              # the last line is the first one past the end
+        return max(0, g.cap - lines + 1)
     if r < 0.6:
-        return max(0, g.cap - lines + 1) + int(g.rng.integers(0, 4))
+        return max(0, g.cap - lines + 1) + int(g.rng.integers(1, 4))
     if r < 0.8:
         return g.cap + int(g.rng.integers(0, 1 << 12))
     return int(g.rng.integers(g.cap, 1 << bits))
