@@ -214,7 +214,7 @@ def test_every_fault_kind_applies(gen):
                 assert code == NdpError.OK, (kind, code)
             elif kind != "rows_fewer":          # fewer rows may still cover every index of the batch
                 assert code != NdpError.OK, (kind, c.cmd)
-    for _ in range(300):
+    for _ in range(5000):                       # combinations pack and validate (no field overflows)
         c = gen.malformed(gen.pick_kinds(True))
         expected_error(c.line(), c.desc_lines(), c.offsets, c.indices, CAP, logged=gen.logged)
 

@@ -187,8 +187,8 @@ def _many_tables(g) -> int:
 
 def _huge_batch(g, c) -> int:
     """Offsets past the end (T*B+1 elements), or T*B at / past the u32 limit."""
-    return int(g.rng.choice([int(g.rng.integers(g.cap * 16, 1 << 32)), U32, U32 // max(1, c.cmd.num_tables) + 1,
-                             U32 // max(1, c.cmd.num_tables)]))
+    t = max(1, c.cmd.num_tables)
+    return int(g.rng.choice([int(g.rng.integers(g.cap * 16, 1 << 32)), U32, min(U32, U32 // t + 1), U32 // t]))
 
 
 def _lr(g, c):
@@ -225,8 +225,8 @@ FAULTS: dict[str, Fault] = {
     "batch_size_zero": Fault(("lookup", "update"), _set_cmd(batch_size=0)),
     "batch_size_huge": Fault(("lookup", "update"), _set_cmd(batch_size=lambda g, c: _huge_batch(g, c))),
     "tables_addr_end": Fault(("lookup", "update"), _set_cmd(tables_addr=lambda g, c: _beyond(g, c.cmd.num_tables))),
-    "offsets_addr_end": Fault(("lookup", "update"),
-                              _set_cmd(offsets_addr=lambda g, c: _beyond(g, lines_for(c.cmd.num_tables * c.cmd.batch_size + 1)))),
+    "offsets_addr_end": Fault(("lookup", "update"), _set_cmd(offsets_addr=lambda g, c: _beyond(
+        g, lines_for(c.cmd.num_tables * c.cmd.batch_size + 1)))),
     "out_addr_end": Fault(("lookup",), _set_cmd(out_addr=lambda g, c: _beyond(g, _span(g, c), LINE_ADDR_BITS))),
     "grad_addr_end": Fault(("update",), _set_cmd(grad_addr=lambda g, c: _beyond(g, _span(g, c)))),
     "indices_addr_end": Fault(("lookup", "update"),
