@@ -16,7 +16,7 @@ import pytest
 
 from conftest import run_cocotb
 from hw.ndp.command import MAX_TABLES, AddressFault, NdpError, NdpOpcode
-from sim.model.ndp_validate import MAX_BAG, expected_error
+from sim.model.ndp_validate import MAX_BAG, expected_error, log_slot_freed
 from sim.tb.fuzz_ndp_gen import ALL_KINDS, FAULTS, MEAN_TABLE, WEIGHTED_TABLE, FuzzGen
 
 CAP = 1 << 18
@@ -201,6 +201,29 @@ def test_long_bag(gen):
         c.offsets[k + 1:nb + 1] += extra
         c.cmd = c.cmd.replace(index_count=int(c.offsets[nb]))
         check(gen, c, code, k if code == NdpError.BAD_DESCRIPTOR else k + 1)
+
+
+def test_log(gen):
+    nb = len(gen.layout.tables) * gen.layout.batch_size
+    check(gen, cmd(gen.valid("log"), weights_addr=CAP), NdpError.OK, 0)             # LOG reads no weights
+    check(gen, cmd(gen.valid("log"), out_addr=CAP, grad_addr=CAP), NdpError.OK, 0)  # nor outputs / gradients
+    check(gen, cmd(gen.valid("log"), indices_addr=CAP), NdpError.ADDRESS, AddressFault.INDICES)
+    check(gen, cmd(gen.valid("log"), index_count=0xFFFF_FFFF), NdpError.OFFSETS, nb)
+    c = gen.valid("log")
+    c.indices[0] = 0xFFFF_FFFF
+    check(gen, c, NdpError.INDEX_RANGE, 0)
+    for c in (gen.valid("log"), gen.valid("update")):                  # offsets[0] = 5 > offsets[1]
+        c.offsets[0] = int(c.offsets[1]) + 5
+        check(gen, c, NdpError.OFFSETS, 0 if c.op == "log" else 1)
+    assert expected_error(gen.valid("log").line(), gen.valid("log").desc_lines(), c.offsets, c.indices, CAP,
+                          log_region_ok=False) == (NdpError.ADDRESS, AddressFault.LOG_REGION)
+    # the slot is freed once the engine ran (array errors), not by the processor's checks
+    assert log_slot_freed(NdpError.OK, 0) and log_slot_freed(NdpError.INDEX_RANGE, 3)
+    assert log_slot_freed(NdpError.ADDRESS, AddressFault.INDICES) and log_slot_freed(NdpError.OFFSETS, 0)
+    for code, info in ((NdpError.BAD_TABLES, 0), (NdpError.BAD_DIM, 1), (NdpError.ADDRESS, AddressFault.TABLES),
+                       (NdpError.ADDRESS, AddressFault.OFFSETS), (NdpError.ADDRESS, AddressFault.LOG_REGION),
+                       (NdpError.ADDRESS, AddressFault.TABLE_ROWS + 2), (NdpError.BAD_OPCODE, 0)):
+        assert not log_slot_freed(code, info), (code, info)
 
 
 def test_every_fault_kind_applies(gen):

@@ -33,10 +33,12 @@ first failing check wins:
      is known before any bag is streamed, each bag's offset before its indices.
    - UPDATE and LOG (UpdateEngine / UndoLogEngine pass 1): OFFSETS i for the first i with
      offsets[i] < offsets[i-1] or offsets[i] - offsets[i-1] > 65535 (every mode); then
-     OFFSETS 0 (offsets[0] != 0), OFFSETS T*B (offsets[T*B] != index_count); ADDRESS
+     OFFSETS 0 (offsets[0] != 0), OFFSETS T*B (offsets[T*B] != index_count). LOG says "in
+     stream order": OFFSETS 0 comes first there, before a step down at position 1 (the two
+     engines' docstrings differ here; see Finding 2); ADDRESS
      INDICES / WEIGHTS when the line of element offsets[T*B]-1 is outside; INDEX_RANGE j, the
      first index >= its table's rows (table t owns positions offsets[t*B] .. offsets[(t+1)*B]-1).
-     LOG first checks its region (ADDRESS LOG_REGION).
+     LOG first checks its region (ADDRESS LOG_REGION) and checks no weights address.
    An empty indices array (offsets[T*B] = 0) reaches nowhere: no ADDRESS INDICES / WEIGHTS.
 
 Finding (a documentation gap, reported): hw/ndp/command.py documents BAD_TABLES as "num_tables
@@ -44,6 +46,17 @@ is 0 or > MAX_TABLES, or batch_size is 0"; the processor also rejects T*B >= 2**
 offsets array's element count no longer fits the u32 offsets). This model follows the
 device there, because by the documented rules alone such a command would be ADDRESS OFFSETS
 on any device smaller than 2**28 lines, and the difference is only which code says no.
+
+``log_slot_freed(error, info)``: what a LOG leaves in its slot: the UndoLogEngine
+writes a FREE record before it validates the arrays, so a LOG that passed the processor's
+and the region checks and then failed leaves slot batch&1 without a LOGGED record.
+
+Finding 2 (reported): undo_log.py says LOG validates "with the UPDATE engine's codes and
+error_info" but lists its offsets checks "in stream order"; the two differ when offsets[0] != 0
+and offsets[1] < offsets[0]: UPDATE reports position 1, LOG position 0 (the fuzz found it;
+same code, nothing written, so only the error_info differs). This model follows each
+engine's own docstring. Ambiguity left by the LOG docstring, resolved by reading the LOG
+RTL once: at position T*B a step down is reported before offsets[T*B] != index_count.
 
 MLP_LOG and RECOVER are not modelled (``NotImplementedError``). The arrays are indexable
 sequences of ints; an element the order needs but the caller did not provide raises
@@ -130,12 +143,14 @@ def expected_error(cmd_line: int, desc_lines: Sequence[int], offsets: Sequence[i
 
 
 def _array_address(cmd, flags, n: int, cap: int):
-    """ADDRESS INDICES / WEIGHTS for an n-element array (None when both fit)."""
+    """ADDRESS INDICES / WEIGHTS for an n-element array (None when both fit). LOG reads no
+    weights (UndoLogEngine names only INDICES), so it checks none."""
     if n == 0:
         return None
     if _reaches_past(cmd["indices_addr"], _lines(n), cap):
         return NdpError.ADDRESS, AddressFault.INDICES
-    if flags["has_weights"] and _reaches_past(cmd["weights_addr"], _lines(n), cap):
+    if (flags["has_weights"] and cmd["opcode"] != NdpOpcode.LOG.value
+            and _reaches_past(cmd["weights_addr"], _lines(n), cap)):
         return NdpError.ADDRESS, AddressFault.WEIGHTS
     return None
 
@@ -169,6 +184,9 @@ def _lookup_arrays(cmd, flags, tables, offsets, indices, cap):
 def _update_arrays(cmd, flags, tables, offsets, indices, cap):
     B = cmd["batch_size"]
     nbags = len(tables) * B
+    stream = cmd["opcode"] == NdpOpcode.LOG.value
+    if stream and int(offsets[0]) != 0:           # LOG: position 0 first, in stream order
+        return NdpError.OFFSETS, 0
     for i in range(1, nbags + 1):
         d = int(offsets[i]) - int(offsets[i - 1])
         if d < 0 or d > MAX_BAG:
@@ -186,3 +204,14 @@ def _update_arrays(cmd, flags, tables, offsets, indices, cap):
             if int(indices[j]) >= tab["rows"]:
                 return NdpError.INDEX_RANGE, j
     return NdpError.OK, 0
+
+
+PROCESSOR_ADDRESS_FAULTS = {int(AddressFault.TABLES), int(AddressFault.OFFSETS), int(AddressFault.LOG_REGION)}
+
+
+def log_slot_freed(error: NdpError, info: int) -> bool:
+    """A LOG that ended with (error, info) has invalidated its slot (the engine ran past its
+    region check): OK (then it holds the new LOGGED record) or an array error."""
+    if error in (NdpError.OK, NdpError.OFFSETS, NdpError.INDEX_RANGE, NdpError.LOG_FULL, NdpError.MEDIA):
+        return True
+    return error == NdpError.ADDRESS and info not in PROCESSOR_ADDRESS_FAULTS and info < AddressFault.TABLE_ROWS

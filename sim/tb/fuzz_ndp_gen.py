@@ -7,7 +7,7 @@ embedding log reserved for LOG and checkpointed UPDATE) and produces ``Case`` ob
 - ``valid(op)``: a well-formed LOOKUP, UPDATE, checkpointed UPDATE (``ckpt_update``), LOG or
   NOP (NOP with every other field random) on a fresh random batch (bags of 0-5 indices,
   duplicate rows, signed weights, normal gradients).
-- ``malformed(kinds)``: a valid LOOKUP or UPDATE with the faults ``kinds`` (names of
+- ``malformed(kinds)``: a valid LOOKUP, UPDATE or LOG with the faults ``kinds`` (names of
   ``FAULTS``) applied in turn, each one field of the command descriptor, of one table
   descriptor or of the argument arrays set to a chosen bad value. Some kinds are
   ``accepted``: the device must ignore or accept them (lr NaN / +-Inf / subnormal, garbage in
@@ -202,11 +202,13 @@ def _unused(g, c):
     r = g.rng
     kw = {"batch": int(r.integers(0, 1 << 32)), "mlp_offset": int(r.integers(0, 1 << 32)),
           "mlp_count": int(r.integers(0, 1 << 32)), "mlp_slot": int(r.integers(0, 2))}
-    if c.op == "lookup":
+    if c.op in ("lookup", "log"):
         kw.update(grad_addr=int(r.integers(0, 1 << 32)), lr=float(np.uint32(r.integers(0, 1 << 32)).view(np.float32)),
                   checkpoint=bool(r.integers(0, 2)))
-    else:
+    if c.op in ("update", "log"):
         kw.update(out_addr=int(r.integers(0, 1 << LINE_ADDR_BITS)), out_to_host=bool(r.integers(0, 2)))
+    if c.op == "log":
+        del kw["batch"]                      # LOG's batch names its slot
     c.cmd = c.cmd.replace(**kw)
     c.flag_reserved = int(r.integers(1, 16))
     c.tail = int.from_bytes(r.bytes(64), "little") >> CMD_BITS
@@ -217,50 +219,51 @@ def _table_reserved(g, c):
     c.descs[t]["reserved"] = int(g.rng.integers(1, 1 << 14))
 
 
+LUL = ("lookup", "update", "log")
 FAULTS: dict[str, Fault] = {
     # command descriptor
-    "opcode_reserved": Fault(("lookup", "update"), _set_cmd(opcode=lambda g, c: int(g.rng.integers(6, 256)))),
-    "num_tables_zero": Fault(("lookup", "update"), _set_cmd(num_tables=0)),
-    "num_tables_over": Fault(("lookup", "update"), _set_cmd(num_tables=lambda g, c: _many_tables(g))),
-    "batch_size_zero": Fault(("lookup", "update"), _set_cmd(batch_size=0)),
-    "batch_size_huge": Fault(("lookup", "update"), _set_cmd(batch_size=lambda g, c: _huge_batch(g, c))),
-    "tables_addr_end": Fault(("lookup", "update"), _set_cmd(tables_addr=lambda g, c: _beyond(g, c.cmd.num_tables))),
-    "offsets_addr_end": Fault(("lookup", "update"), _set_cmd(offsets_addr=lambda g, c: _beyond(
+    "opcode_reserved": Fault(LUL, _set_cmd(opcode=lambda g, c: int(g.rng.integers(6, 256)))),
+    "num_tables_zero": Fault(LUL, _set_cmd(num_tables=0)),
+    "num_tables_over": Fault(LUL, _set_cmd(num_tables=lambda g, c: _many_tables(g))),
+    "batch_size_zero": Fault(LUL, _set_cmd(batch_size=0)),
+    "batch_size_huge": Fault(LUL, _set_cmd(batch_size=lambda g, c: _huge_batch(g, c))),
+    "tables_addr_end": Fault(LUL, _set_cmd(tables_addr=lambda g, c: _beyond(g, c.cmd.num_tables))),
+    "offsets_addr_end": Fault(LUL, _set_cmd(offsets_addr=lambda g, c: _beyond(
         g, lines_for(c.cmd.num_tables * c.cmd.batch_size + 1)))),
     "out_addr_end": Fault(("lookup",), _set_cmd(out_addr=lambda g, c: _beyond(g, _span(g, c), LINE_ADDR_BITS))),
     "grad_addr_end": Fault(("update",), _set_cmd(grad_addr=lambda g, c: _beyond(g, _span(g, c)))),
-    "indices_addr_end": Fault(("lookup", "update"),
+    "indices_addr_end": Fault(LUL,
                               _set_cmd(indices_addr=lambda g, c: _beyond(g, lines_for(c.cmd.index_count)))),
     "weights_addr_end": Fault(("lookup", "update"),
                               _set_cmd(weights_addr=lambda g, c: _beyond(g, lines_for(c.cmd.index_count)))),
-    "row_pitch_small": Fault(("lookup", "update"),
+    "row_pitch_small": Fault(LUL,
                              _set_cmd(row_pitch_lines=lambda g, c: int(g.rng.integers(0, c.cmd.row_pitch_lines)))),
     "row_pitch_huge": Fault(("lookup", "update"), lambda g, c: _pitch_huge(g, c)),
-    "index_count_mismatch": Fault(("lookup", "update"), _index_count),
-    "weights_flag_clear": Fault(("lookup", "update"), _set_cmd(has_weights=False)),
+    "index_count_mismatch": Fault(LUL, _index_count),
+    "weights_flag_clear": Fault(LUL, _set_cmd(has_weights=False)),
     "checkpoint_not_logged": Fault(("update",), lambda g, c: g.not_logged(c)),
     "lr_special": Fault(("update",), _lr, accepted=True, combinable=False),
-    "unused_fields_garbage": Fault(("lookup", "update"), _unused, accepted=True),
+    "unused_fields_garbage": Fault(LUL, _unused, accepted=True),
     # table descriptor
-    "dim_bad": Fault(("lookup", "update"), _set_desc("dim", _bad_dim)),
-    "rows_zero": Fault(("lookup", "update"), _set_desc("rows", lambda g, c, t: 0)),
-    "rows_fewer": Fault(("lookup", "update"),
+    "dim_bad": Fault(LUL, _set_desc("dim", _bad_dim)),
+    "rows_zero": Fault(LUL, _set_desc("rows", lambda g, c, t: 0)),
+    "rows_fewer": Fault(LUL,
                         _set_desc("rows", lambda g, c, t: int(g.rng.integers(1, max(2, c.descs[t]["rows"]))))),
-    "rows_past_end": Fault(("lookup", "update"), _set_desc("rows", lambda g, c, t: int(g.rng.integers(
+    "rows_past_end": Fault(LUL, _set_desc("rows", lambda g, c, t: int(g.rng.integers(
         max(1, (g.cap - c.descs[t]["base_addr"]) // _lpr(c, t) + 1), 1 << 32)))),
-    "mode_reserved": Fault(("lookup", "update"), _set_desc("mode", lambda g, c, t: 3)),
-    "base_addr_end": Fault(("lookup", "update"),
+    "mode_reserved": Fault(LUL, _set_desc("mode", lambda g, c, t: 3)),
+    "base_addr_end": Fault(LUL,
                            _set_desc("base_addr", lambda g, c, t: _beyond(g, c.descs[t]["rows"] * _lpr(c, t)))),
-    "col_lines_bad": Fault(("lookup", "update"), _set_desc("col_lines", lambda g, c, t: int(
+    "col_lines_bad": Fault(LUL, _set_desc("col_lines", lambda g, c, t: int(
         c.cmd.row_pitch_lines - _lpr(c, t) + 1 + g.rng.integers(0, 4)) & 0xFFFF)),
-    "table_reserved_garbage": Fault(("lookup", "update"), _table_reserved, accepted=True),
+    "table_reserved_garbage": Fault(LUL, _table_reserved, accepted=True),
     # argument arrays
-    "offsets_decrease": Fault(("lookup", "update"), _offsets_decrease),
-    "offset_above_last": Fault(("lookup", "update"), _offset_above_last),
-    "offsets_first_nonzero": Fault(("lookup", "update"), _offsets_first),
-    "offsets_last_mismatch": Fault(("lookup", "update"), _offsets_last),
-    "index_out_of_range": Fault(("lookup", "update"), _index_range),
-    "bag_too_long": Fault(("lookup", "update"), _long_bag, combinable=False),
+    "offsets_decrease": Fault(LUL, _offsets_decrease),
+    "offset_above_last": Fault(LUL, _offset_above_last),
+    "offsets_first_nonzero": Fault(LUL, _offsets_first),
+    "offsets_last_mismatch": Fault(LUL, _offsets_last),
+    "index_out_of_range": Fault(LUL, _index_range),
+    "bag_too_long": Fault(LUL, _long_bag, combinable=False),
 }
 RING_FAULTS = ("ring_doorbell_repeat", "ring_tail_beyond_ring")
 ALL_KINDS = tuple(FAULTS) + RING_FAULTS

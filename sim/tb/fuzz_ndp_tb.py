@@ -2,7 +2,7 @@
 
 Generates (sim/tb/fuzz_ndp_gen.py, a small four-table model): valid LOOKUP, UPDATE,
 checkpointed UPDATE, LOG and NOP commands on fresh random batches, and malformed LOOKUP /
-UPDATE commands with one injected fault (a field of the command descriptor, of a table
+UPDATE / LOG commands with one injected fault (a field of the command descriptor, of a table
 descriptor or of the argument arrays set to a bad value, see ``FAULTS``) or, one time in
 four, two or three at once; and ring misuse. The first 2 x (number of fault kinds) steps
 inject every kind once (each followed by a valid command), the rest is random.
@@ -20,7 +20,9 @@ UPDATE of this model takes ~1-5k; no completion by then is a hang and ends the r
   ``embedding.tbe_forward`` on the golden tables, UPDATE's tables (all rows) after
   ``embedding.tbe_sgd_step`` (lr NaN / +-Inf / subnormal included: the device has no lr
   check and PyTorch's SGD accepts them; the tables are reloaded fresh afterwards), NOP and
-  LOG leave the tables alone (``mismatches``, plus the CXL.mem scoreboard's);
+  LOG leave the tables alone (``mismatches``, plus the CXL.mem scoreboard's); a LOG's
+  outcome sets what its slot holds (``log_slot_freed``), which later checkpointed UPDATEs
+  (accepted, or NOT_LOGGED) check;
 - ring misuse, what the device must do (NDP_SQ_TAIL is a free-running count, csr_map.py):
   ``ring_doorbell_repeat`` (the doorbell rewritten with the same tail) runs nothing: after
   ``RING_IDLE_CYCLES`` NDP_SQ_HEAD, STAT_NDP_COMMANDS and the next completion slot are
@@ -57,7 +59,7 @@ from sim.bfm.ndp_host import NdpCompletion, NdpHost, NdpCommand, array_to_lines,
 from sim.env import CLOCK_PERIOD_NS, DeviceEnv
 from sim.model import embedding
 from sim.model.fp32_ref import same_fp32
-from sim.model.ndp_validate import expected_error
+from sim.model.ndp_validate import expected_error, log_slot_freed
 from sim.tb.fuzz_ndp_gen import ALL_KINDS, FuzzGen, modes_of
 from sim.tb.ndp_run_tb import recorded
 
@@ -137,6 +139,11 @@ class FuzzBench:
             return True
         cmd = case.cmd
         where = f"{case.op} tag {cmd.tag:#x} faults {case.faults}"
+        if cmd.opcode_value == NdpOpcode.LOG.value:     # what the LOG left in its slot (the device's answer)
+            if comp.ok:
+                self.gen.logged[cmd.batch & 1] = cmd.batch
+            elif log_slot_freed(NdpError(comp.error), comp.error_info):
+                self.gen.logged.pop(cmd.batch & 1, None)
         if comp.tag != cmd.tag & 0xFFFF or comp.opcode != cmd.opcode_value & 0xFF:
             self.problem("mismatches", f"{where}: completion {comp}")
         if comp.error != want.value:
@@ -189,8 +196,6 @@ class FuzzBench:
                 self.fresh_tables()
         else:                                   # NOP, LOG: tables untouched
             self.compare_tables(where)
-            if case.op == "log":
-                self.gen.logged[cmd.batch & 1] = cmd.batch
 
     def compare_tables(self, where: str) -> None:
         got = np.frombuffer(self.table_image(), np.uint32)
