@@ -41,7 +41,7 @@ first failing check wins:
      LOG first checks its region (ADDRESS LOG_REGION) and checks no weights address.
    An empty indices array (offsets[T*B] = 0) reaches nowhere: no ADDRESS INDICES / WEIGHTS.
 
-Finding (a documentation gap, reported): hw/ndp/command.py documents BAD_TABLES as "num_tables
+Finding 1 (a documentation gap, reported): hw/ndp/command.py documents BAD_TABLES as "num_tables
 is 0 or > MAX_TABLES, or batch_size is 0"; the processor also rejects T*B >= 2**32 - 1 (the
 offsets array's element count no longer fits the u32 offsets). This model follows the
 device there, because by the documented rules alone such a command would be ADDRESS OFFSETS
