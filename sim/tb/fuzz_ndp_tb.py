@@ -42,7 +42,8 @@ TCXL_RESULT_JSON. Result keys: ``commands`` (steps), ``device_commands``
 (STAT_NDP_COMMANDS), ``rejected``, ``accepted``, ``hangs``, ``mismatches``,
 ``wrong_error_codes``, ``wrong_error_info``, ``table_bytes_changed_by_rejected``,
 ``protocol_violations``, ``errors`` (NdpError name -> rejected commands), ``faults`` (kind ->
-times injected), ``multi_fault_commands``, ``sim_cycles``, ``seed``.
+times injected), ``multi_fault_commands``, ``ops`` (base command -> count; ``_malformed`` when
+faults were injected), ``sim_cycles``, ``seed``.
 """
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ class FuzzBench:
         self.c = Counter()
         self.errors: Counter = Counter()
         self.faults: Counter = Counter()
+        self.ops: Counter = Counter()
         self.log = env.dut._log
 
     # ---- tables
@@ -123,6 +125,7 @@ class FuzzBench:
 
     async def run_case(self, case) -> bool:
         """Run one command and check it; False when it hung (the run stops)."""
+        self.ops[f"{case.op}{'_malformed' if case.faults else ''}"] += 1
         self.load(case)
         want, want_info = expected_error(case.line(), case.desc_lines(), case.offsets, case.indices,
                                          self.gen.cap, logged=self.gen.logged)
@@ -325,6 +328,7 @@ async def fuzz_ndp(dut):
             "errors": dict(sorted(bench.errors.items())),
             "faults": {k: bench.faults[k] for k in sorted(ALL_KINDS)},
             "multi_fault_commands": c["multi_fault_commands"],
+            "ops": dict(sorted(bench.ops.items())),
             "sim_cycles": env.host.cycle - start_cycle,
         })
         dut._log.info(f"seed {env.seed}: {result}")
