@@ -49,7 +49,7 @@ TARGETS = {
                             COMMON_ZERO + ("coherence_violations",), 10_000),
     "ndp": FuzzTarget("sim.tb.fuzz_ndp_tb", "fuzz_ndp", "commands",
                       "NDP command fuzz (malformed commands and descriptors among valid ones)",
-                      COMMON_ZERO + ("table_bytes_changed_by_rejected", "wrong_error_codes"), 500),
+                      COMMON_ZERO + ("table_bytes_changed_by_rejected", "wrong_error_codes", "wrong_error_info"), 500),
 }
 
 
