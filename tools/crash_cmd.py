@@ -144,7 +144,9 @@ def run_exhaustive(args) -> dict:
     print(f"exhaustive persist-point cuts of batch {args.target_batch} (boundaries {args.boundaries}, stride "
           f"{args.stride}, offsets {args.offsets}); progress every {args.progress} cuts", flush=True)
     try:
-        result = run_harness_test("crash_exhaustive", env, "sim.tb.crash_exhaustive")
+        # shards of one run share the build directory: each its own results XML
+        label = "crash_exhaustive-" + "".join(c if c.isalnum() else "_" for c in f"{args.boundaries}-{args.seed}")
+        result = run_harness_test("crash_exhaustive", env, "sim.tb.crash_exhaustive", label=label)
     except NoResult as e:
         raise CrashError(str(e)) from None
     result["verified"] = bool(result.get("verified")) and not result.get("error")

@@ -52,7 +52,8 @@ classes, before the slice), TCXL_CRASH_EXH_PROGRESS (log every N cuts) and write
 TCXL_RESULT_JSON: ``boundaries``, ``boundaries_by_class``, ``batch_edges``, ``selected``
 (boundaries in the slice), ``cuts``, ``consistent``, ``inconsistent``,
 ``lost_acknowledged_writes``, ``lost_durable_records``, ``recovered_batches`` (k / k+1 ->
-cuts), ``unverified_cuts``, ``rerecord_matches``, ``failures``, ``verified``,
+cuts), ``unverified_cuts``, ``rerecord_matches``, ``record_cuts`` (per cut at a record boundary: its
+class, offset, the batches and MLP log recovered), ``failures``, ``verified``,
 ``protocol_violations``, ``sim_cycles``, ``wall_seconds``, ``model``, ``seed``, ``schedule``,
 ``target_batch``, ``offsets``, ``slice``, ``stride``, ``classes``, ``error``.
 """
@@ -139,7 +140,7 @@ class ExhaustiveCrash:
         self.state = None
         self.result = {"cuts": 0, "consistent": 0, "inconsistent": 0, "lost_acknowledged_writes": 0,
                        "lost_durable_records": 0, "unverified_cuts": 0, "recovered_batches": {},
-                       "failures": []}
+                       "record_cuts": [], "failures": []}
 
     # ---- the state S before batch k
     async def prepare(self) -> None:
@@ -271,6 +272,11 @@ class ExhaustiveCrash:
         r["cuts"] += 1
         r["lost_acknowledged_writes"] += lost
         r["recovered_batches"][str(emb)] = r["recovered_batches"].get(str(emb), 0) + 1
+        for n, d in covers:          # the flags recovery decides on: where each cut recovered to
+            if boundaries[n].cls.startswith("record_"):
+                r["record_cuts"].append({"ordinal": n, "class": boundaries[n].cls, "offset": d, "edge": edge,
+                                         "emb_batches": emb, "mlp_batch": res.mlp_batch if res.mlp_valid else None,
+                                         "consistent": not problems})
         if problems:
             r["inconsistent"] += 1
             if len(r["failures"]) < MAX_FAILURES:
