@@ -2,8 +2,8 @@
 
 RTL (marked ``sim``): rm-tiny, batch size 4, rows cap 64, target batch 2. The recording finds
 every media write acknowledgement of the batch and classifies it; the short case cuts at
-every record boundary (FREE, LOGGED, APPLIED, MLP_LOGGED: the flags recovery decides on)
-and at a strided sample of the rest, each at -1 / 0 / +1 edges around the ack, and requires
+every record boundary (FREE, LOGGED, APPLIED, MLP_LOGGED: the flags recovery decides on),
+one edge before its ack (torn) and at it (just durable), and requires
 every recovery consistent (golden recovery, tables, MLP log, nothing acknowledged or durable
 lost), every cut verified by its per-channel ack counts and the second recording equal to the
 first. The full run is ``trainingcxl crash --exhaustive`` (a CLI command, not in make test).
@@ -74,8 +74,8 @@ def _exhaustive(tmp_path, capsys, **kw) -> dict:
 
 @pytest.mark.sim
 def test_crash_exhaustive_records(harness, tmp_path, capsys):
-    """Every record boundary of batch 2 at -1/0/+1 edges: 0 inconsistent, all classes recorded."""
-    r = _exhaustive(tmp_path, capsys, classes=",".join(RECORD_CLASSES))
+    """Every record boundary of batch 2 cut torn (-1) and just durable (0): 0 inconsistent, all classes recorded."""
+    r = _exhaustive(tmp_path, capsys, classes=",".join(RECORD_CLASSES), offsets="-1,0")
     assert r["verified"] and r["inconsistent"] == 0 and r["lost_acknowledged_writes"] == 0
     assert r["lost_durable_records"] == 0 and r["unverified_cuts"] == 0 and r["rerecord_matches"]
     assert r["boundaries"] > 0 and r["cuts"] == r["consistent"] > 0
