@@ -198,7 +198,10 @@ def format_result(result: dict) -> str:
 def cmd_crash(args) -> int:
     if getattr(args, "exhaustive", False):
         return cmd_exhaustive(args)
-    if args.points is None or args.points < 1:
+    if args.points is None:
+        print("error: --points N is required (or --exhaustive)", file=sys.stderr)
+        return 2
+    if args.points < 1:
         print("error: --points must be at least 1", file=sys.stderr)
         return 2
     args.phases = [p for p in args.phases.split(",") if p]
