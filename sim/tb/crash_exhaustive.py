@@ -16,8 +16,10 @@ the count, not the line; the host's backdoor-loaded argument arrays are excluded
 scan) and classifies it by the layout (``classify``); an ack that changed no line is class
 ``unchanged``. Boundary n (its ordinal) is the n-th ack in (edge, channel) order.
 
-Cuts. A cut "at edge X" lets edges 1..X run and raises power_fail before edge X+1 (it is the
-edge that tears). For boundary n acked at edge E, offsets d in TCXL_CRASH_EXH_OFFSETS
+Cuts. A cut "at edge X" lets edges 1..X run normally; edge X+1 is the first with power_fail
+high, the edge that tears (measured: power_fail raised by the testbench right after edge X-1
+is first seen at edge X+1, so the cutter raises it there; the ack counts read after the power
+cycle check it for every cut). For boundary n acked at edge E, offsets d in TCXL_CRASH_EXH_OFFSETS
 (default -1,0,1) give X = E+d: d=-1 the write is still in flight and is torn at E (before
 durable), d=0 it has just become durable and nothing later has (at), d=+1 the device has had
 one more edge to act on it (after: e.g. the next write accepted). Boundaries acked at the same
@@ -26,8 +28,10 @@ distinct X is cut once (``cuts``). Before each cut the run is brought back to S:
 cycle, the PMEM image of S restored through the backdoor, RECOVER (must report k batches),
 the host's state reset (next batch, acknowledged writes, MLP slot, command tag); so every run
 of batch k is cycle-for-cycle the recording's. The cut is placed by edge count, and the
-boundary is checked by ordinal: at the cut, every channel's ack count since the batch start
-must equal the recording's at edge X (``unverified_cuts`` counts the cuts where it does not).
+boundary is checked by ordinal: every channel's ack count since the batch start must equal
+the recording's at edge X-1 when the cut is raised and at edge X after the power cycle (the
+counters survive it), so exactly the boundaries acked up to X are durable
+(``unverified_cuts`` counts the cuts where this fails).
 At the end the batch is recorded again; ``rerecord_matches`` says whether the second boundary
 list equals the first (edge, channel, line, class).
 
@@ -226,9 +230,12 @@ class ExhaustiveCrash:
 
         async def cutter():
             base = [int(h.get_signal_val_binstr(), 2) for h in handles]
-            if edge:
-                await ClockCycles(self.env.clk, edge)
+            # Measured (the ack counts after the power cycle): power_fail raised from here is
+            # first seen one edge after the next, so firing after edge X-1 lets edge X run.
+            if edge > 1:
+                await ClockCycles(self.env.clk, edge - 1)
             now = [int(h.get_signal_val_binstr(), 2) for h in handles]
+            state["base"] = base
             state["acks"] = [(b - a) & 0xFFFF_FFFF for a, b in zip(base, now)]
             state["cut"] = True
             done.set()
@@ -250,15 +257,19 @@ class ExhaustiveCrash:
             raise RuntimeError(f"batch {self.k} ended before edge {edge}: {state.get('error')}")
         task.cancel()
         await run.power_cycle(self.rng.randrange(1 << 32))
-        want = [0] * len(handles)
+        # The counters survive the power cycle: any ack after the cut moment (before the
+        # tearing edge) would show here. After power-up nothing writes the media until RECOVER.
+        after = [(int(h.get_signal_val_binstr(), 2) - a) & 0xFFFF_FFFF for h, a in zip(handles, state["base"])]
+        want, before = [0] * len(handles), [0] * len(handles)
         for b in boundaries:
-            if b.edge <= edge:
-                want[b.channel] += 1
-        verified = state["acks"] == want
+            want[b.channel] += b.edge <= edge
+            before[b.channel] += b.edge <= edge - 1
+        verified = state["acks"] == before and after == want
         self.result["unverified_cuts"] += int(not verified)
         problems, lost, res = await recover_and_check(run)
         if not verified:
-            problems.append(f"acks per channel at the cut {state['acks']}, the recording has {want}")
+            problems.append(f"acks per channel: {state['acks']} when the cut was raised, {after} after the power "
+                            f"cycle; the recording has {before} at edge {edge - 1}, {want} at edge {edge}")
         emb = res.emb_batches if res.emb_valid else 0
         durable = [b for b in boundaries if b.edge <= edge]
         if any(b.cls == "record_APPLIED" for b in durable) and emb != self.k + 1:
@@ -299,7 +310,7 @@ class ExhaustiveCrash:
         plan: dict[int, list[tuple[int, int]]] = {}
         for n in chosen:
             for d in offsets:
-                if boundaries[n].edge + d >= 0:
+                if boundaries[n].edge + d >= 1:
                     plan.setdefault(boundaries[n].edge + d, []).append((n, d))
         log = self.env.dut._log
         log.info(f"batch {self.k}: {len(boundaries)} persist boundaries {r['boundaries_by_class']} in "
