@@ -24,6 +24,8 @@ BAD = [
     # crash
     "crash --model nope --points 1",
     "crash --model rm-tiny --points 0",
+    "crash --model rm-tiny",                                   # neither --points nor --exhaustive
+    "crash --exhaustive --stride 0",
     "crash --model rm-tiny --points 1 --rows-cap 0",
     "crash --model rm-tiny --points 1 --phases lookup,nope",
     "crash --model rm-tiny --points 1 --trace /nonexistent/trace.npz",

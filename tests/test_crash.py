@@ -30,7 +30,6 @@ def _args(**kw):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(points=0), "--points must be at least 1"),
     (dict(phases="lookup,boot"), "--phases takes a comma list"),
     (dict(model="rm1", seed=1), "does not fit device memory"),
     (dict(model="no-such-model", seed=1), "no-such-model"),

@@ -4,6 +4,23 @@
                     [--phases lookup,logging,...] [--schedule cxl-b|cxl-d]
                     [--rows-cap R] [--batch-size B]
   trainingcxl crash --model M --trace FILE --points N ...
+  trainingcxl crash --exhaustive [--boundaries A:B] [--stride S] [--classes C,..] [--offsets -1,0,1]
+                    [--target-batch K] [--rows-cap R] [--batch-size B] --seed S --json FILE
+
+``--exhaustive`` (env TCXL_CRASH_EXHAUSTIVE=1 for the test bench; sim/tb/crash_exhaustive.py
+has the details): instead of random points, one batch (K, default 2) is recorded with every
+media write acknowledgement (its persist boundaries: log entries, records, row write-backs,
+MLP image lines, completions, ring writes), then power is cut at each boundary's ack edge plus
+each offset (default -1, 0, +1 edges: torn in flight, just durable, one edge after), each
+time from the same state before K, and every recovery is checked as in the campaign.
+``--boundaries A:B`` takes a slice of the boundary ordinals (the way to shard the long run),
+``--stride S`` every S-th of them, ``--classes C,..`` only boundaries of those classes.
+Its JSON keys: ``boundaries``, ``boundaries_by_class``,
+``batch_edges``, ``selected``, ``cuts``, ``consistent``, ``inconsistent``,
+``lost_acknowledged_writes``, ``lost_durable_records``, ``recovered_batches``,
+``unverified_cuts``, ``rerecord_matches``, ``failures``, ``verified``, ``protocol_violations``,
+``sim_cycles``, ``wall_seconds``, ``model``, ``seed``, ``schedule``, ``target_batch``,
+``offsets``, ``slice``, ``stride``, ``error``. Default trace knobs: batch size 4, rows cap 64.
 
 ``--trace FILE``: the campaign trains on the file's batches (cycled: batch k is file batch
 k % n) instead of 4 generated ones; --model gives the MLP; conflicts are one-line errors naming
@@ -41,9 +58,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sim.tb.crash_tb import PHASES  # noqa: E402
-from tools.cli_args import CliError, positive_int, seed_int  # noqa: E402
+from tools.cli_args import CliError, non_negative_int, positive_int, seed_int  # noqa: E402
 from tools.harness_run import write_json  # noqa: E402
 
+EXHAUSTIVE_KEYS = ("verified", "model", "schedule", "seed", "target_batch", "boundaries", "selected", "cuts",
+                   "consistent", "inconsistent", "lost_acknowledged_writes", "lost_durable_records",
+                   "unverified_cuts", "rerecord_matches", "batch_edges", "sim_cycles", "wall_seconds", "error")
+EXHAUSTIVE_DEFAULTS = {"batch_size": 4, "rows_cap": 64}    # a few hundred boundaries per batch
 SUMMARY_KEYS = ("verified", "model", "schedule", "seed", "points", "consistent", "inconsistent",
                 "lost_acknowledged_writes", "all_phases_hit", "cuts", "rolled_back", "batches_trained",
                 "sim_cycles", "wall_seconds", "error")
@@ -113,6 +134,57 @@ def run_campaign(args) -> dict:
     return result
 
 
+def run_exhaustive(args) -> dict:
+    from tools.harness_run import NoResult, run_harness_test
+    t0 = time.perf_counter()
+    env = {"TCXL_SEED": str(args.seed), "TCXL_CRASH_MODEL": args.model, "TCXL_CRASH_SCHEDULE": args.schedule,
+           "TCXL_CRASH_EXHAUSTIVE": "1", "TCXL_CRASH_EXH_TARGET": str(args.target_batch),
+           "TCXL_CRASH_EXH_OFFSETS": args.offsets, "TCXL_CRASH_EXH_BOUNDARIES": args.boundaries,
+           "TCXL_CRASH_EXH_STRIDE": str(args.stride),
+           "TCXL_CRASH_EXH_CLASSES": args.classes, "TCXL_CRASH_EXH_PROGRESS": str(args.progress),
+           "TCXL_CRASH_ROWS_CAP": str(args.rows_cap), "TCXL_CRASH_BATCH_SIZE": str(args.batch_size)}
+    print(f"exhaustive persist-point cuts of batch {args.target_batch} (boundaries {args.boundaries}, stride "
+          f"{args.stride}, offsets {args.offsets}); progress every {args.progress} cuts", flush=True)
+    try:
+        # shards of one run share the build directory: each its own results XML
+        label = "crash_exhaustive-" + "".join(c if c.isalnum() else "_" for c in f"{args.boundaries}-{args.seed}")
+        result = run_harness_test("crash_exhaustive", env, "sim.tb.crash_exhaustive", label=label)
+    except NoResult as e:
+        raise CrashError(str(e)) from None
+    result["verified"] = bool(result.get("verified")) and not result.get("error")
+    result["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def check_exhaustive_args(args) -> None:
+    if getattr(args, "trace", None):
+        raise CrashError("--exhaustive runs on a generated trace (--batch-size, --rows-cap); --trace is not supported")
+    for name, value in EXHAUSTIVE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    try:
+        offsets = [int(x) for x in args.offsets.split(",") if x]
+        a, b = args.boundaries.split(":")
+        _ = (int(a) if a else 0, int(b) if b else 0)
+    except ValueError:
+        raise CrashError(f"--offsets takes a comma list of integers and --boundaries A:B (either side may be "
+                         f"empty); got {args.offsets!r}, {args.boundaries!r}") from None
+    if not offsets or args.stride < 1 or args.target_batch < 1:
+        raise CrashError("--offsets needs at least one offset, --stride and --target-batch at least 1")
+
+
+def format_exhaustive(result: dict) -> str:
+    rows = {k: result[k] for k in EXHAUSTIVE_KEYS if k in result}
+    rows.update({f"class.{k}": v for k, v in result.get("boundaries_by_class", {}).items()})
+    rows.update({f"recovered_batches.{k}": v for k, v in result.get("recovered_batches", {}).items()})
+    width = max(len(k) for k in rows)
+    title = f"trainingcxl crash --exhaustive: {result.get('model')} {result.get('schedule')}"
+    lines = [title, "-" * len(title)] + [f"{k:<{width}}  {v}" for k, v in rows.items()]
+    for f in result.get("failures", [])[:3]:
+        lines += ["", f"INCONSISTENT: {f}"]
+    return "\n".join(lines)
+
+
 def format_result(result: dict) -> str:
     rows = {k: result[k] for k in SUMMARY_KEYS if k in result}
     rows.update({f"phases_hit.{k}": v for k, v in result.get("phases_hit", {}).items()})
@@ -126,8 +198,10 @@ def format_result(result: dict) -> str:
 
 
 def cmd_crash(args) -> int:
-    if args.points < 1:
-        print("error: --points must be at least 1", file=sys.stderr)
+    if getattr(args, "exhaustive", False):
+        return cmd_exhaustive(args)
+    if args.points is None:
+        print("error: --points N is required (or --exhaustive)", file=sys.stderr)
         return 2
     args.phases = [p for p in args.phases.split(",") if p]
     unknown = [p for p in args.phases if p not in PHASES]
@@ -152,12 +226,32 @@ def cmd_crash(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_exhaustive(args) -> int:
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 31)
+    print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
+    try:
+        check_exhaustive_args(args)
+        source = check_fits(args)
+        result = run_exhaustive(args)
+    except CrashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result["trace_source"] = source
+    print(format_exhaustive(result))
+    if args.json:
+        write_json(args.json, result)
+    ok = result["verified"] and not result.get("inconsistent") and not result.get("lost_acknowledged_writes")
+    return 0 if ok else 1
+
+
 def add_crash_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``crash`` on an argparse subparsers object; returns the new parser."""
     p = subparsers.add_parser("crash", help="power-failure campaign: cut, recover, check, resume (JSON)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="rm-tiny", help="DLRM preset (must fit the 16 MiB simulated device)")
-    p.add_argument("--points", type=positive_int, required=True, help="power cuts to recover from")
+    p.add_argument("--points", type=positive_int, default=None,
+                   help="power cuts to recover from (the random campaign)")
     p.add_argument("--seed", type=seed_int, default=None, help="campaign, trace and table seed")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--phases", default=",".join(PHASES), help="comma list of phases to aim at (default: all)")
@@ -167,5 +261,16 @@ def add_crash_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=None, help="samples per batch")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="train on this trace file's batches (cycled) instead of 4 generated ones")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="cut at every persist boundary (media write ack) of one batch instead of random points")
+    p.add_argument("--target-batch", type=non_negative_int, default=2,
+                   help="--exhaustive: the batch whose boundaries are cut")
+    p.add_argument("--boundaries", default=":", metavar="A:B", help="--exhaustive: a slice of the boundary ordinals")
+    p.add_argument("--stride", type=positive_int, default=1, help="--exhaustive: every S-th boundary of the slice")
+    p.add_argument("--classes", default="", help="--exhaustive: comma list, only boundaries of these classes "
+                   "(log_entry, record_FREE, record_LOGGED, record_APPLIED, record_MLP_LOGGED, mlp_image, "
+                   "row_writeback, completion, submission, lookup_output)")
+    p.add_argument("--offsets", default="-1,0,1", help="--exhaustive: cut edges relative to each ack edge")
+    p.add_argument("--progress", type=positive_int, default=25, help="--exhaustive: log progress every N cuts")
     p.set_defaults(func=cmd_crash)
     return p

@@ -71,6 +71,20 @@ POINT_BUDGET_CYCLES = 2_000_000  # the watchdog's budget per point, plus 50x its
 WATCH_SLACK = 20_000             # a watched write comes within its command's duration plus this
 
 
+async def recover_and_check(run: CheckpointedRun):
+    """After a power cycle: RECOVER and the campaign's checks. The result must equal
+    ``golden_recover`` on the PMEM image as it is now (CSR fields and error), the log must not
+    be corrupt, and ``run.check_recovered`` (tables, MLP log, acknowledged writes) must pass.
+    Returns (problems, acknowledged writes lost, RecoveryResult)."""
+    golden = golden_recover(run.driver.backdoor.read_line, run.region, apply=False)
+    completion, res = await run.recover(expect=golden.error or NdpError.OK)
+    problems = [f"recovery differs from the golden model: {m}" for m in golden.mismatches(res)]
+    if golden.error != NdpError.OK:
+        problems.append(f"the log is corrupt: {golden.problem}")
+    more, lost = run.check_recovered(res)
+    return problems + more, lost, res
+
+
 class CutPlan:
     """Where point i cuts: ``hook_phase`` of batch ``batch``, then a delay or a watched write."""
 
@@ -245,13 +259,7 @@ class CrashCampaign:
             second = await self.cut_during(lambda hook: run.recover(hook), rplan)
             if second is not None:
                 landings.append(second)
-        golden = golden_recover(run.driver.backdoor.read_line, run.region, apply=False)
-        completion, res = await run.recover(expect=golden.error or NdpError.OK)
-        problems = [f"recovery differs from the golden model: {m}" for m in golden.mismatches(res)]
-        if golden.error != NdpError.OK:
-            problems.append(f"the log is corrupt: {golden.problem}")
-        more, lost = run.check_recovered(res)
-        problems += more
+        problems, lost, res = await recover_and_check(run)
         self.result["points"] += 1
         self.result["lost_acknowledged_writes"] += lost
         self.result["rolled_back"] += int(res.rolled_back)
