@@ -19,7 +19,7 @@ from sim.checkers.cxl_mem_counters import COUNTERS, CxlMemCounterModel, counter_
 from sim.checkers.cxl_mem_host_rules import host_errors
 from sim.model.codec import StructCodec
 from sim.model.memory import merge_line
-from sim.tb.cxl_mem_fuzz_gen import ALL_OPCODE_NAMES, OUTSIDE, generate, opcode_name
+from sim.tb.cxl_mem_fuzz_gen import ALL_OPCODE_NAMES, OUTSIDE, WINDOW_KINDS, choose_window, generate, opcode_name
 from test_checkers import drs, ndr, req, rwd, setup
 
 WINDOW = (64, 4096 - 128, True)          # (base line, size, enabled), lines outside on both sides
@@ -76,6 +76,25 @@ def test_generator_mix_reaches_every_case():
     # Tags repeated within a few messages (likely outstanding).
     reused = sum(1 for i, m in enumerate(msgs) if m.fields["tag"] in {x["tag"] for x in f[max(0, i - 8):i]})
     assert reused > len(msgs) // 20
+
+
+def test_every_window_kind_gets_traffic_on_both_sides_of_its_decoded_part():
+    seen = set()
+    for seed in range(40):
+        rng = random.Random(seed)
+        kind, base, size = choose_window(rng, CAP)
+        if kind in seen:
+            continue
+        seen.add(kind)
+        end = base + min(size, CAP)                        # the decoder also stops at the capacity
+        addrs = [m.fields["addr"] for m in generate(rng, 5000, (base, size, True), CAP)]
+        assert all(0 <= a < 1 << 46 for a in addrs)
+        outside = [a for a in addrs if not base <= a < end]
+        assert OUTSIDE * 0.7 < len(outside) / len(addrs) < OUTSIDE * 1.1, kind
+        assert base - 1 in outside and end in outside and any(a < base - 1 for a in outside), kind
+        if kind == "oversized":                           # inside the window, past the device
+            assert any(end <= a < base + size for a in outside)
+    assert seen == set(WINDOW_KINDS)
 
 
 # ---------------------------------------------------------------- host rules and counters

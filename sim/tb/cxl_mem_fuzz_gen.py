@@ -1,5 +1,10 @@
 """The CXL.mem fuzz's stimulus: a seeded stream of M2S messages (pure Python, no simulator).
 
+``choose_window(rng, capacity_lines)`` picks the HDM window (base line, size in lines) of a
+run, one of ``WINDOW_KINDS``: "split" (64 lines left outside at each end of the device),
+"oversized" (twice the device: lines past the capacity inside the window do not decode),
+"high" (a base between 2^30 and 2^45 lines, half the device: wide address compares).
+
 ``generate(rng, n, window, capacity_lines)`` yields ``n`` ``FuzzMessage(kind, fields, gap)``:
 ``kind`` "req" or "rwd", ``fields`` the M2SReq / M2SRwD fields as raw integers (any value
 that fits the field, reserved encodings included), ``gap`` idle cycles the feeder waits
@@ -49,6 +54,19 @@ _ACTIONS = tuple(a for a, _ in MIX)
 _WEIGHTS = tuple(w for _, w in MIX)
 _LEGAL_SNP = tuple(s.value for s in SnpType)
 _COMMON_META = (MetaField.META0_STATE.value, MetaField.NO_OP.value)
+
+
+WINDOW_KINDS = ("split", "oversized", "high")
+
+
+def choose_window(rng: random.Random, capacity_lines: int) -> tuple[str, int, int]:
+    """(kind, base line, size in lines) of the HDM window for one run."""
+    kind = rng.choice(WINDOW_KINDS)
+    if kind == "split":
+        return kind, 64, capacity_lines - 128
+    if kind == "oversized":
+        return kind, 128, 2 * capacity_lines
+    return kind, rng.randrange(1 << 30, 1 << 45), capacity_lines // 2
 
 
 def opcode_name(kind: str, code: int) -> str:

@@ -6,15 +6,12 @@
   ``margin_lines`` device lines outside it at both ends, so out-of-window traffic hits both
   sides; it returns the window as the monitor sees it (base line, size in lines, enabled).
 - ``pick_line(rng, window, capacity_lines, hot, outside=p, hot_share=q)``: a host line
-  address, outside the window with probability ``p`` (below it, above it, at either edge or
-  far above), else one of the ``hot`` window offsets with probability ``q`` (so reads and
-  writes race on the same lines), else anywhere in the decoded part of the window.
-- ``write_result(result)`` writes a test's result dict to TCXL_RESULT_JSON (when set).
+  address the window does not decode with probability ``p`` (below it, or above its decoded
+  part, which ends at the window's end or the device's capacity; at either edge or far above),
+  else one of the ``hot`` window offsets with probability ``q`` (so reads and writes race on
+  the same lines), else anywhere in the decoded part of the window.
 """
 from __future__ import annotations
-
-import json
-import os
 
 from hw.common.cxl_mem import LINE_ADDR_BITS, M2SReqOpcode as Q, M2SRwDOpcode as W, SnpType, MetaField, MetaValue
 
@@ -46,6 +43,7 @@ async def program_split_window(env, margin_lines: int = 64) -> tuple[int, int, b
 def pick_line(rng, window, capacity_lines: int, hot: list[int], *, outside: float = 0.10,
               hot_share: float = 0.5) -> int:
     base, size, _ = window
+    end = base + min(size, capacity_lines)                   # first line not decoded above
     r = rng.random()
     if r < outside:
         k = rng.randrange(6)
@@ -54,17 +52,10 @@ def pick_line(rng, window, capacity_lines: int, hot: list[int], *, outside: floa
         if k == 1 and base:
             return base - 1                                  # just below
         if k == 2:
-            return base + size                               # just above
+            return end                                       # just above
         if k == 3:
-            return rng.randrange(base + size, 1 << LINE_ADDR_BITS)   # anywhere above
-        return base + size + rng.randrange(1 << 12)          # a little above
+            return rng.randrange(end, 1 << LINE_ADDR_BITS)   # anywhere above
+        return end + rng.randrange(1 << 12)                  # a little above
     if r < outside + (1 - outside) * hot_share:
         return base + rng.choice(hot)
-    return base + rng.randrange(min(size, capacity_lines))
-
-
-def write_result(result: dict) -> None:
-    path = os.environ.get("TCXL_RESULT_JSON")
-    if path:
-        with open(path, "w") as fh:
-            json.dump(result, fh, indent=2, sort_keys=True)
+    return base + rng.randrange(end - base)

@@ -20,7 +20,8 @@ from sim.checkers.cxl_mem_monitor import ALL_ONES
 from sim.env import DeviceEnv
 from sim.model.memory import FULL_STRB, merge_line, word_outcomes
 from sim.model.pmem_params import media_verilog_parameters
-from sim.tb.cxl_mem_stim import MS0, NOOP, pattern, pick_line, program_split_window, rd, wr, write_result
+from sim.tb.cxl_mem_stim import MS0, NOOP, pattern, pick_line, program_split_window, rd, wr
+from sim.tb.ndp_run_tb import write_result
 
 
 class Collector:

@@ -1,8 +1,9 @@
 """``trainingcxl fuzz --target cxl-mem``: seeded adversarial M2S traffic, every answer checked.
 
 The cocotb test ``fuzz_cxl_mem`` reads TCXL_SEED (replay), TCXL_FUZZ_COUNT (M2S messages,
-default 2000) and writes its result to TCXL_RESULT_JSON. It programs an HDM window with lines
-left outside it at both ends, sends the stream of sim/tb/cxl_mem_fuzz_gen.py (every Req and
+default 2000) and writes its result to TCXL_RESULT_JSON. It programs an HDM window (one of three
+kinds, sim/tb/cxl_mem_fuzz_gen.py ``choose_window``: lines outside at both ends, larger than the
+device, or at a high base), sends the stream of sim/tb/cxl_mem_fuzz_gen.py (every Req and
 RwD opcode value, random header fields, addresses in and out of the window, partial writes,
 poison, Tags repeated while outstanding, same-line read/write races, random gaps) under
 bursty random S2M backpressure (ready dropped with a probability from 0 to 1 that changes every
@@ -77,8 +78,8 @@ from cocotb.triggers import Timer
 from hw.common.cxl_mem import M2SReqOpcode as Q, M2SRwDOpcode as W, DRSOpcode as D
 from sim.checkers.cxl_mem_counters import COUNTERS, CxlMemCounterModel
 from sim.env import CLOCK_PERIOD_NS, DeviceEnv
-from sim.tb.cxl_mem_fuzz_gen import ALL_OPCODE_NAMES, generate, opcode_name
-from sim.tb.cxl_mem_stim import program_split_window, write_result
+from sim.tb.cxl_mem_fuzz_gen import ALL_OPCODE_NAMES, choose_window, generate, opcode_name
+from sim.tb.ndp_run_tb import recorded
 
 DRAIN_CYCLES = 20_000
 QUIET_CYCLES = 1_000
@@ -227,21 +228,17 @@ async def fuzz_cxl_mem(dut):
     env = await DeviceEnv.create(dut)
     result = {"seed": env.seed, "messages_requested": n, "drain_bound_cycles": DRAIN_CYCLES,
               "quiet_cycles": QUIET_CYCLES}
-    t0 = time.perf_counter()
-    try:
+    with recorded(result):                        # written however the run ends
         await _run(env, n, result)
-    except BaseException as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"[:4000]
-        raise
-    finally:
-        result["wall_seconds"] = round(time.perf_counter() - t0, 1)
-        write_result(result)
     assert result["clean"], f"seed {env.seed}: not clean:\n" + "\n".join(result["problems"])
 
 
 async def _run(env, n: int, result: dict) -> None:
-    window = await program_split_window(env)
     rng = random.Random(env.seed ^ 0xF0227)
+    kind, base, size = choose_window(rng, env.config.capacity_lines)
+    await env.program_window(64 * base, 64 * size)
+    window = env.monitor.window
+    result["window"] = {"kind": kind, "base_line": base, "size_lines": size}
     stats = FuzzStats(env.monitor)
     counters = CxlMemCounterModel(env.monitor)
     env.host.listeners += [stats, counters]
