@@ -243,7 +243,9 @@ async def _run(env, n: int, result: dict) -> None:
     counters = CxlMemCounterModel(env.monitor)
     env.host.listeners += [stats, counters]
     env.monitor.listeners.append(stats)
-    feeder = Feeder(env.host, generate(rng, n, window, env.config.capacity_lines), rng)
+    # The bursts draw from their own rng: the message stream then does not depend on timing.
+    feeder = Feeder(env.host, generate(rng, n, window, env.config.capacity_lines),
+                    random.Random(env.seed ^ 0xB0257))
     env.host.link.on_cycle = feeder.on_cycle
     start_cycle, t_sim = env.host.cycle, time.perf_counter()
     poll = 256
