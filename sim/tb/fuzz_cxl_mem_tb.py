@@ -248,9 +248,13 @@ async def _run(env, n: int, result: dict) -> None:
                     random.Random(env.seed ^ 0xB0257))
     env.host.link.on_cycle = feeder.on_cycle
     start_cycle, t_sim = env.host.cycle, time.perf_counter()
-    poll = 256
+    poll, report = 256, 10_000
     while not feeder.done:
         await Timer(poll * CLOCK_PERIOD_NS, unit="ns")
+        if stats.accepted >= report:                 # progress of long runs
+            env.dut._log.info(f"{stats.accepted} messages, {env.host.cycle - start_cycle} cycles, "
+                              f"{time.perf_counter() - t_sim:.0f} s")
+            report += 10_000
         if env.host.error is not None:
             raise env.host.error
         if env.host.pending and env.host.cycle - max(stats.last_accept_cycle, start_cycle) > STALL_CYCLES:
