@@ -197,10 +197,10 @@ def test_partial_writes_apply_whole_and_in_order(data, legal):
 @pytest.mark.sim
 def test_fuzz_short_run_is_clean(harness, tmp_path):
     out = tmp_path / "fuzz.json"
-    run_cocotb(harness, "sim.tb.fuzz_cxl_mem_tb", "fuzz_cxl_mem", TCXL_FUZZ_COUNT=3000, TCXL_SEED=11,
+    run_cocotb(harness, "sim.tb.fuzz_cxl_mem_tb", "fuzz_cxl_mem", TCXL_FUZZ_COUNT=5000, TCXL_SEED=11,
                TCXL_RESULT_JSON=out)
     r = json.loads(out.read_text())
-    assert r["clean"] and r["messages"] == 3000, r["problems"]
+    assert r["clean"] and r["messages"] == 5000, r["problems"]
     assert r["hangs"] == r["mismatches"] == r["protocol_violations"] == 0
     assert set(r["opcodes"]) == set(ALL_OPCODE_NAMES) and min(r["opcodes"].values()) > 0
     assert r["reads_checked"] > 300 and r["same_line_races"] > 50 and r["tags_reused_while_outstanding"] > 20
