@@ -106,16 +106,22 @@ class DeviceEnv:
         self.media[ch].poke(local, value, poison)
         self.model.write(line, value, poison=poison)
 
-    async def wait_idle(self, timeout_cycles: int = 200_000) -> None:
-        """Wait until every queued message was sent and every response came back."""
+    async def wait_idle(self, timeout_cycles: int = 200_000, *, raise_on_timeout: bool = True) -> bool:
+        """Wait until every queued message was sent and every response came back.
+
+        Returns True when idle; after ``timeout_cycles`` raises TimeoutError, or returns False
+        with ``raise_on_timeout=False`` (a fuzz counts what is still unanswered as hangs).
+        """
         # Poll with a Timer: ClockCycles would wake Python at every one of the edges.
         poll = 32
         for _ in range(timeout_cycles // poll):
             if self.host.error is not None:
                 raise self.host.error
             if self.host.pending == 0 and self.monitor.outstanding == 0:
-                return
+                return True
             await Timer(poll * CLOCK_PERIOD_NS, unit="ns")
+        if not raise_on_timeout:
+            return False
         raise TimeoutError(f"device not idle after {timeout_cycles} cycles: "
                            f"{self.host.pending} unsent, {self.monitor.outstanding} unanswered")
 
@@ -129,9 +135,14 @@ class DeviceEnv:
         self.monitor.forget()
         self.host.enabled = True
 
-    async def finish(self) -> dict:
-        await self.wait_idle()
-        await ClockCycles(self.clk, 8)
+    async def finish(self, *, drain_cycles: int = 200_000, quiet_cycles: int = 8,
+                     raise_on_hang: bool = True) -> dict:
+        """Drain (at most ``drain_cycles``), wait ``quiet_cycles`` more so that a late or
+        spurious response is still seen, then close the monitor. With ``raise_on_hang=False``
+        a drain that times out is not an exception: the requests still waiting are reported
+        (``unanswered``, and each as a monitor violation)."""
+        await self.wait_idle(drain_cycles, raise_on_timeout=raise_on_hang)
+        await ClockCycles(self.clk, quiet_cycles)
         self.monitor.finish(self.host.cycle)
         if not self.cache_traffic_expected:
             # Nobody drives CXL.cache in this test: the device must not have tried to send.
@@ -146,6 +157,8 @@ class DeviceEnv:
             "reads_checked": self.scoreboard.reads_checked,
             "mismatches": len(self.scoreboard.mismatches),
             "protocol_violations": len(self.monitor.violations),
+            "unanswered": self.monitor.unanswered,
+            "unsent": self.host.pending,
         }
 
     def assert_clean(self) -> None:

@@ -31,9 +31,15 @@ left with one candidate takes it, and a group of held DRSs that covers exactly i
 candidates is assigned by a bipartite matching (any perfect matching is legal: each DRS was
 accepted by each of its candidates). A DRS for which no assignment of all DRSs received so
 far exists is a violation. ``finish()`` assigns what is still held, then reports requests
-still waiting. ``violations`` lists every problem found, with the cycle, so a failing test
-says what went wrong. A listener that raises does not stop the link: the exception becomes
+still waiting (``unanswered`` counts them). ``violations`` lists every problem found, with the
+cycle, so a failing test says what went wrong. A listener that raises does not stop the link: the exception becomes
 a violation naming the response.
+
+Host errors are not device violations: ``host_errors`` counts, per category, the M2S messages
+whose encoding breaks a host rule (sim/checkers/cxl_mem_host_rules.py) and
+``host_error_messages`` the messages with at least one; the device's answers to them are
+still checked as above. ``tags_reused`` counts requests sent while an earlier request with
+the same Tag and LD-ID was still outstanding (legal: Tags need not be unique).
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ from dataclasses import dataclass, field
 
 from hw.common.cxl_mem import (M2SReqOpcode as Q, M2SRwDOpcode as W, MetaField, MetaValue,
                                NDROpcode as N, DRSOpcode as D, LINE_BITS)
+from .cxl_mem_host_rules import host_errors as classify_host_errors
 
 ALL_ONES = (1 << LINE_BITS) - 1
 # Plain ints for the per-message path (enum attribute access is slow in Python).
@@ -126,6 +133,10 @@ class CxlMemMonitor:
         self.outstanding = 0
         self.messages = 0
         self.held: dict[tuple[int, int], list[HeldDrs]] = {}    # ambiguous DRSs per (Tag, LD-ID)
+        self.host_errors: collections.Counter[str] = collections.Counter()
+        self.host_error_messages = 0
+        self.tags_reused = 0
+        self.unanswered = 0                  # requests finish() found still waiting
         # Listeners: on_complete(pending, kind, fields, cycle) for every matched response, and
         # accepts(pending, drs_fields) to tell apart reads that share a Tag.
         self.listeners = []
@@ -164,11 +175,18 @@ class CxlMemMonitor:
     # ---- listener interface (from the host BFM)
     def on_m2s(self, seq, cycle, kind, fields):
         self.messages += 1
+        errors = classify_host_errors(kind, fields)
+        if errors:
+            self.host_error_messages += 1
+            self.host_errors.update(errors)
         ndr_ok, drs_ok = self._expect(kind, fields)
         if ndr_ok is None and drs_ok is None:
             return
         p = Pending(seq, cycle, kind, fields, ndr_ok, drs_ok)
-        self.waiting[(fields["tag"], fields["ld_id"])].append(p)
+        queue = self.waiting[(fields["tag"], fields["ld_id"])]
+        if queue:
+            self.tags_reused += 1
+        queue.append(p)
         self.outstanding += 1
 
     def on_s2m(self, cycle, kind, fields):
@@ -317,5 +335,6 @@ class CxlMemMonitor:
                                                    ("DRS", p.drs_ok, p.got_drs))
                            if want is not None and not got]
                 self._violation(cycle, f"{self._describe(p)} never got {'+'.join(missing)}")
+                self.unanswered += 1
         self.waiting.clear()
         self.outstanding = 0

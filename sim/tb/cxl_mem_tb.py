@@ -8,21 +8,20 @@ TCXL_BENCH_LINES, and TCXL_RESULT_JSON names a file for the figures.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import cocotb
 from cocotb.triggers import ClockCycles
 
-from hw.common.cxl_mem import (M2SReqOpcode as Q, M2SRwDOpcode as W, SnpType, MetaField,
-                               MetaValue, NDROpcode as N, DRSOpcode as D)
+from hw.common.cxl_mem import (M2SReqOpcode as Q, M2SRwDOpcode as W, SnpType, MetaValue,
+                               NDROpcode as N, DRSOpcode as D)
 from sim.checkers.cxl_mem_monitor import ALL_ONES
 from sim.env import DeviceEnv
 from sim.model.memory import FULL_STRB, merge_line, word_outcomes
 from sim.model.pmem_params import media_verilog_parameters
-
-MS0, NOOP = MetaField.META0_STATE, MetaField.NO_OP
+from sim.tb.cxl_mem_stim import MS0, NOOP, pattern, pick_line, program_split_window, rd, wr
+from sim.tb.ndp_run_tb import write_result
 
 
 class Collector:
@@ -44,22 +43,6 @@ async def setup(dut, **kw):
     col = Collector()
     env.host.listeners.append(col)
     return env, col
-
-
-def rd(env, tag, addr, opcode=Q.MEM_RD, meta_field=MS0, meta_value=MetaValue.ANY,
-       snp=SnpType.SNP_INV, ld_id=0):
-    env.host.send_req(opcode=opcode, snp_type=snp, meta_field=meta_field,
-                      meta_value=meta_value, tag=tag, addr=addr, ld_id=ld_id)
-
-
-def wr(env, tag, addr, data, strb=None, poison=0, ld_id=0):
-    env.host.send_rwd(opcode=W.MEM_WR if strb is None else W.MEM_WR_PTL,
-                      snp_type=SnpType.NO_OP, meta_field=NOOP, meta_value=0, tag=tag,
-                      addr=addr, data=data, byte_enable=strb or 0, poison=poison, ld_id=ld_id)
-
-
-def pattern(rng) -> int:
-    return rng.getrandbits(512)
 
 
 async def finish_clean(env):
@@ -345,20 +328,12 @@ def _random_traffic(env, n, *, hot_lines=64):
     """Queue ``n`` random M2S messages: reads, writes, partial writes, invalidates,
     speculative reads, a few reserved opcodes; 10% outside the window."""
     rng = env.rng
-    base, size, _ = env.monitor.window
+    window = env.monitor.window
     cap = env.config.capacity_lines
-    hot = [rng.randrange(size) for _ in range(hot_lines)]
+    hot = [rng.randrange(window[1]) for _ in range(hot_lines)]
     tags = 0
     for _ in range(n):
-        r = rng.random()
-        if r < 0.10:
-            line = rng.choice([rng.randrange(0, base) if base else None,
-                               base + size + rng.randrange(1 << 12)])
-            line = base + size + rng.randrange(1 << 12) if line is None else line
-        elif r < 0.55:
-            line = base + rng.choice(hot)
-        else:
-            line = base + rng.randrange(min(size, cap))
+        line = pick_line(rng, window, cap, hot, outside=0.10, hot_share=0.5)
         tag = rng.randrange(1 << 16) if rng.random() < 0.9 else tags % 8   # some repeats
         tags += 1
         ld_id = rng.randrange(16)
@@ -384,20 +359,11 @@ def _random_traffic(env, n, *, hot_lines=64):
                ld_id=ld_id)
 
 
-def _write_result(result: dict) -> None:
-    path = os.environ.get("TCXL_RESULT_JSON")
-    if path:
-        with open(path, "w") as fh:
-            json.dump(result, fh, indent=2, sort_keys=True)
-
-
 @cocotb.test()
 async def random_stress(dut):
     n = int(os.environ.get("TCXL_TRANSACTIONS", "2000"))
     env = await DeviceEnv.create(dut, backpressure=0.2)
-    # A window that leaves lines on both sides, so out-of-window traffic hits both.
-    base_bytes = 64 * 64
-    await env.program_window(base_bytes, env.config.capacity_bytes - 2 * base_bytes)
+    await program_split_window(env)         # lines on both sides: outside traffic hits both
     t_gen = time.perf_counter()
     _random_traffic(env, n)                  # stimulus is made up front, then simulated
     t0 = time.perf_counter()
@@ -412,7 +378,7 @@ async def random_stress(dut):
               "reads_checked": summary["reads_checked"], "seed": env.seed,
               "messages": summary["messages"]}
     dut._log.info(f"stress result: {result}")
-    _write_result(result)
+    write_result(result)
     env.assert_clean()
     assert summary["reads_checked"] > n // 5
 
@@ -467,9 +433,9 @@ async def power_failure_under_writes(dut):
     summary = await env.finish()
     dut._log.info(f"power failure: {rounds} rounds, {checked_lines} line checks, "
                   f"{torn_lines} torn lines, {bad_words} bad words, {lost_acked} lost acked")
-    _write_result({"rounds": rounds, "line_checks": checked_lines, "torn_lines": torn_lines,
-                   "bad_words": bad_words, "lost_acknowledged_writes": lost_acked,
-                   "seed": env.seed, **summary})
+    write_result({"rounds": rounds, "line_checks": checked_lines, "torn_lines": torn_lines,
+                  "bad_words": bad_words, "lost_acknowledged_writes": lost_acked,
+                  "seed": env.seed, **summary})
     assert not problems, "\n".join(problems[:10])
     assert torn_lines > 0, "no write was in flight at any power failure: the test is too weak"
     env.assert_clean()
@@ -507,5 +473,5 @@ async def streaming_read_bandwidth(dut):
               "cxlmem_read_efficiency": lines_per_cycle / min(1.0, media_rate),
               "sim_cycles_per_second": round(summary["cycles"] / wall), "seed": env.seed}
     dut._log.info(f"bench: {result}")
-    _write_result(result)
+    write_result(result)
     env.assert_clean()
