@@ -8,11 +8,12 @@
   command is submitted in the target batch (uniform below the shortest of the phase's last
   4 measured durations); ``mlp_log``: the same, counted from the MLP_LOG's first media write
   (the FREE record of its slot), since it waits in the ring behind the LOG.
-- ``flag_write``: the cut lands 1..WR_LAT+9 cycles after the media accepted the write of a
-  persistent flag (a delay of 0..WR_LAT+8 drawn; a cut raised from a coroutine takes effect
-  one edge later, measured by sim/tb/crash_exhaustive.py) (LOG's LOGGED record, UPDATE's APPLIED record or MLP_LOG's MLP_LOGGED
-  record, picked at random): while that write is in flight (torn) or just durable. The
-  media's write watch (``PmemChannel.watch``) finds the cycle.
+- ``flag_write``: the cut lands 1..WR_LAT+9 cycles after the media accepted the write of
+  a persistent flag (LOG's LOGGED record, UPDATE's APPLIED record or MLP_LOG's MLP_LOGGED
+  record, picked at random): while that write is in flight (torn) or just durable. A delay
+  of 0..WR_LAT+8 is drawn; a cut raised from a coroutine takes effect one edge later
+  (measured by sim/tb/crash_exhaustive.py). The media's write watch (``PmemChannel.watch``)
+  finds the cycle.
 - ``release``: the same around a release: LOG's FREE record over its slot (the batch two
   back) or MLP_LOG's FREE record over the other MLP slot.
 - ``recovery``: a first cut as above (a random command phase), then a second one during
