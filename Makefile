@@ -42,6 +42,7 @@ sim-long: install
 	$(PY) -m pytest -n $(JOBS) --dist $(DIST) --long -m long $(PYTEST_ARGS)
 	$(TCXL) crash --model rm-tiny --points 200 --seed 2 --json build/crash-200.json
 	$(TCXL) crash --exhaustive --seed 5 --json build/crash-exhaustive.json
+	$(TCXL) fuzz --target cxl-mem --messages 100000 --seed 1 --json build/fuzz-cxl-mem.json
 	$(TCXL) fuzz --target cxl-cache --messages 100000 --seed 1 --json build/fuzz-cxl-cache.json
 	$(TCXL) fuzz --target ndp --commands 2000 --seed 1 --json build/fuzz-ndp.json
 
