@@ -198,8 +198,16 @@ def format_result(result: dict) -> str:
 
 
 def cmd_crash(args) -> int:
-    if getattr(args, "exhaustive", False):
-        return cmd_exhaustive(args)
+    """``trainingcxl crash``: the random campaign, or with --exhaustive the enumeration; a bad
+    request is one line on stderr and exit status 2."""
+    try:
+        return cmd_exhaustive(args) if getattr(args, "exhaustive", False) else cmd_campaign(args)
+    except CrashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def cmd_campaign(args) -> int:
     if args.points is None:
         print("error: --points N is required (or --exhaustive)", file=sys.stderr)
         return 2
@@ -211,15 +219,16 @@ def cmd_crash(args) -> int:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            source = check_fits(args, pathlib.Path(tmp))
-            result = run_campaign(args)
-    except CrashError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        source = check_fits(args, pathlib.Path(tmp))
+        result = run_campaign(args)
+    return _report(args, result, source, format_result)
+
+
+def _report(args, result: dict, source: dict, formatter) -> int:
+    """Table on stdout, JSON to --json; exit status 0 only when every point was consistent."""
     result["trace_source"] = source
-    print(format_result(result))
+    print(formatter(result))
     if args.json:
         write_json(args.json, result)
     ok = result["verified"] and not result.get("inconsistent") and not result.get("lost_acknowledged_writes")
@@ -230,19 +239,9 @@ def cmd_exhaustive(args) -> int:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
-    try:
-        check_exhaustive_args(args)
-        source = check_fits(args)
-        result = run_exhaustive(args)
-    except CrashError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    result["trace_source"] = source
-    print(format_exhaustive(result))
-    if args.json:
-        write_json(args.json, result)
-    ok = result["verified"] and not result.get("inconsistent") and not result.get("lost_acknowledged_writes")
-    return 0 if ok else 1
+    check_exhaustive_args(args)
+    source = check_fits(args)
+    return _report(args, run_exhaustive(args), source, format_exhaustive)
 
 
 def add_crash_parser(subparsers) -> argparse.ArgumentParser:
