@@ -55,7 +55,7 @@ class DeviceEnv:
         self.scoreboard = CxlMemScoreboard(self.monitor, self.model)
         self.monitor.listeners.append(self.scoreboard)
         self.host = CxlMemHost(dut, self.clk, rng=random.Random(seed ^ 0x5EED),
-                               backpressure=backpressure)
+                               backpressure=backpressure, period_ns=CLOCK_PERIOD_NS)
         self.host.listeners += [self.monitor, self.scoreboard]
         self.csr = CsrDriver(dut, self.clk)
         self.media = [PmemChannel(getattr(dut, f"media{c}")) for c in range(config.channels)]
@@ -90,7 +90,7 @@ class DeviceEnv:
         await ClockCycles(self.clk, cycles)
         self.dut.rst.value = 0
         # The channels fill their free-ARID lists after reset.
-        await ClockCycles(self.clk, self.config.read_ids_per_channel + 2)
+        await ClockCycles(self.clk, self.config.read_ids_per_channel + 3)
 
     async def program_window(self, base_bytes: int, size_bytes: int, enable: bool = True):
         await self.csr.program_hdm(base_bytes, size_bytes, enable)

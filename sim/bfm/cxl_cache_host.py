@@ -1,7 +1,7 @@
 """Host side of CXL.cache on the wires: a LinkDriver over the six channels plus the home agent.
 
 ``CxlCacheHost(dut, clk, home_agent, *, rng, backpressure=0.0, mem_host=None, cpu=None,
-cpu_period=0)``:
+cpu_period=0, period_ns=None)``:
 - tx: ``h2d_req``, ``h2d_rsp``, ``h2d_data``; rx: ``d2h_req``, ``d2h_rsp``, ``d2h_data`` (ports
   ``<name>__valid/__ready/__payload``, payloads = the hw/common/cxl_cache layouts); D2H
   ``ready`` is dropped with probability ``backpressure`` (from ``rng``).
@@ -17,6 +17,8 @@ cpu_period=0)``:
   sees it.
 - ``cpu`` (a HostCpuCache on the same HA) issues one random operation (``cpu.tick()``) every
   ``cpu_period`` cycles (0 = never); ``cpu_tick()`` issues one on demand.
+- ``period_ns`` (the clock period): the link driver sleeps while nothing is due
+  (sim/bfm/link.py).
 - ``start()`` / ``stop()``; ``error`` is the exception that stopped the step; ``pending``
   counts H2D messages not yet transferred (delayed or queued); ``idle`` is pending == 0 and
   the HA idle.
@@ -40,15 +42,17 @@ _KIND = {"d2h_req": "req", "d2h_rsp": "rsp", "d2h_data": "data",
 
 class CxlCacheHost:
     def __init__(self, dut, clk, home_agent, *, rng, backpressure: float = 0.0, mem_host=None,
-                 cpu=None, cpu_period: int = 0):
+                 cpu=None, cpu_period: int = 0, period_ns: float | None = None):
         self.ha = home_agent
         self.mem_host = mem_host
         self.cpu = cpu
         self.cpu_period = cpu_period
         self.link = LinkDriver(dut, clk, tx=H2D_CODECS, rx=D2H_CODECS, rng=rng,
-                               backpressure=backpressure)
+                               backpressure=backpressure, period_ns=period_ns)
         self.link.listeners.append(self)
         self.link.on_cycle = self._on_cycle
+        # Idle between messages unless a delayed message or a CPU tick is due.
+        self.link.can_sleep = lambda: not self._due and not self.cpu_period
         self.listeners: list = []
         self._due: list = []                    # heap of (due cycle, order, HaMsg)
         self._order = 0

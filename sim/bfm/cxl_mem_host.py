@@ -6,6 +6,8 @@
   channel, as fast as the device accepts them.
 - S2M ``ready`` is dropped at random with probability ``backpressure`` each cycle
   (reproducible from ``rng``).
+- ``period_ns`` (the clock period): lets the link driver sleep while the link is idle
+  (sim/bfm/link.py).
 - Every transfer is reported to the listeners (the protocol monitor, the scoreboard):
   ``on_m2s(seq, cycle, kind, fields)`` with ``seq`` the acceptance order, and
   ``on_s2m(cycle, kind, fields)``; ``kind`` is "req", "rwd", "ndr" or "drs".
@@ -29,10 +31,11 @@ _KIND = {"m2s_req": "req", "m2s_rwd": "rwd", "s2m_ndr": "ndr", "s2m_drs": "drs"}
 
 
 class CxlMemHost:
-    def __init__(self, dut, clk, *, rng: random.Random, backpressure: float = 0.0):
+    def __init__(self, dut, clk, *, rng: random.Random, backpressure: float = 0.0,
+                 period_ns: float | None = None):
         self.link = LinkDriver(dut, clk, tx={"m2s_req": REQ, "m2s_rwd": RWD},
                                rx={"s2m_ndr": NDR, "s2m_drs": DRS}, rng=rng,
-                               backpressure=backpressure)
+                               backpressure=backpressure, period_ns=period_ns)
         self.link.listeners.append(self)
         self.listeners = []
         self.seq = 0                      # acceptance order of M2S messages

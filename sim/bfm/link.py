@@ -19,6 +19,13 @@
 - ``start()`` / ``stop()``; ``error`` holds the exception that stopped the step (the step
   runs in a simulator callback where an exception cannot reach the test); ``enabled =
   False`` keeps sampling but stops driving; ``pending`` counts queued tx messages.
+- Sleeping (``period_ns`` given): after a step in which nothing was driven or queued, every
+  rx valid was low, no ready is dropped (``backpressure`` 0, nothing held) and the client
+  has no timed work (``on_cycle`` is None or ``can_sleep()`` is True), the driver stops
+  its per-edge callback and waits on the rx valids instead; a valid rising, or ``send``,
+  wakes it for the next edge. Nothing observable changes (same transfers at the same
+  cycles; ``cycle`` counts the edges slept through, from the simulation time), but Python
+  no longer runs at every edge while the device works alone (an NDP command).
 
 Mechanism (as in cxl_mem_host.py): the step is registered directly as the simulator's
 value-change callback on the clock (no cocotb task per cycle); values read at a rising edge
@@ -29,6 +36,7 @@ strings; a signal is written only when its value changes.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 
 from ..model.codec import StructCodec
@@ -88,17 +96,50 @@ def draw_ready(rng, backpressure: float, count: int) -> list[int]:
     return [0 if rng.random() < backpressure else 1 for _ in range(count)]
 
 
+class _WakingSet(set):
+    """A set that calls ``on_change`` whenever it is changed (``LinkDriver.hold``)."""
+
+    def __init__(self, on_change):
+        super().__init__()
+        self._on_change = on_change
+
+    def add(self, item) -> None:
+        super().add(item)
+        self._on_change()
+
+    def discard(self, item) -> None:
+        super().discard(item)
+        self._on_change()
+
+    def remove(self, item) -> None:
+        super().remove(item)
+        self._on_change()
+
+    def clear(self) -> None:
+        super().clear()
+        self._on_change()
+
+
 class LinkDriver:
     def __init__(self, dut, clk, *, tx: dict[str, StructCodec], rx: dict[str, StructCodec],
-                 rng, backpressure: float = 0.0):
+                 rng, backpressure: float = 0.0, period_ns: float | None = None):
         self.clk = clk
         self.rng = rng
-        self.backpressure = backpressure
-        self.cycle = 0
+        self._backpressure = backpressure
+        self._cycle = 0
         self.listeners: list = []
-        self.on_cycle = None
+        self._on_cycle = None
+        self.can_sleep = None            # callable -> bool: the on_cycle client may sleep
+        self._period_steps = None
+        if period_ns is not None:
+            from cocotb.utils import get_sim_steps
+            self._period_steps = get_sim_steps(period_ns, "ns")
+        self._asleep = False
+        self._sleep_cbs: dict = {}       # rx index -> pending value-change callback
+        self._last_step_time = None      # simulation time (steps) of the last step
+        self._rx_valid_seen = False      # an rx valid was high in the last step
         self.enabled = True
-        self.hold: set[str] = set()
+        self.hold: set[str] = _WakingSet(self._wake)
         self.error: Exception | None = None
 
         def h(name):
@@ -117,7 +158,40 @@ class LinkDriver:
     # ---- API
     def send(self, name: str, word_or_fields) -> int:
         """Queue a message on tx channel ``name``; returns the packed word."""
-        return self.tx[name].push(word_or_fields)
+        word = self.tx[name].push(word_or_fields)
+        if self._asleep:
+            self._wake()
+        return word
+
+    # Changing what the step does wakes a sleeping driver, so the change acts from the next edge.
+    @property
+    def on_cycle(self):
+        return self._on_cycle
+
+    @on_cycle.setter
+    def on_cycle(self, fn) -> None:
+        self._on_cycle = fn
+        self._wake()
+
+    @property
+    def backpressure(self) -> float:
+        return self._backpressure
+
+    @backpressure.setter
+    def backpressure(self, value: float) -> None:
+        self._backpressure = value
+        self._wake()
+
+    @property
+    def cycle(self) -> int:
+        """Rising edges stepped (or slept through) since ``start``."""
+        if self._asleep:
+            return self._cycle + (self._now() - self._last_step_time) // self._period_steps
+        return self._cycle
+
+    @cycle.setter
+    def cycle(self, value: int) -> None:
+        self._cycle = value
 
     @property
     def pending(self) -> int:
@@ -138,6 +212,7 @@ class LinkDriver:
         ``COCOTB_HOST_COROUTINE=1`` uses an ordinary coroutine instead (for debugging).
         """
         self._running = True
+        self._last_step_time = None
         # Start from known levels (the simulator's initial values need not be 0).
         for ch in self._tx_list:
             if not ch.driven:
@@ -158,6 +233,7 @@ class LinkDriver:
 
     def stop(self) -> None:
         self._running = False
+        self._cancel_sleep()
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -179,7 +255,50 @@ class LinkDriver:
             self.error = exc
             self._running = False
             return
-        self._register()
+        if self._may_sleep():
+            self._sleep()
+        else:
+            self._register()
+
+    # ---- sleeping (see the module docstring)
+    def _now(self) -> int:
+        from cocotb import simulator
+        hi, lo = simulator.get_sim_time()
+        return (hi << 32) | lo
+
+    def _may_sleep(self) -> bool:
+        if self._period_steps is None or not self.enabled or self._rx_valid_seen \
+                or self._backpressure or self.hold:
+            return False
+        if self._on_cycle is not None and (self.can_sleep is None or not self.can_sleep()):
+            return False
+        return not any(ch.driven or ch.queue for ch in self._tx_list)
+
+    def _sleep(self) -> None:
+        # Registered now, with every rx valid seen low in this step: a rise after this edge's
+        # evaluation calls _wake, in time for the step at the next edge to see the transfer.
+        self._asleep = True
+        self._sleep_cbs = {i: self._register_cb(ch.h_valid, functools.partial(self._on_valid_rise, i),
+                                                self._rising)
+                           for i, ch in enumerate(self._rx_list)}
+
+    def _on_valid_rise(self, i: int) -> None:
+        # A value-change callback fires once: this one is gone and must not be deregistered.
+        self._sleep_cbs.pop(i, None)
+        self._wake()
+
+    def _cancel_sleep(self) -> None:
+        for cb in self._sleep_cbs.values():
+            cb.deregister()
+        self._sleep_cbs = {}
+        self._asleep = False
+
+    def _wake(self) -> None:
+        if not self._asleep:
+            return
+        self._cancel_sleep()
+        if self._running and self._cbhdl is None:
+            self._register()
 
     async def _run_coroutine(self):
         from cocotb.triggers import RisingEdge
@@ -190,9 +309,16 @@ class LinkDriver:
 
     def step(self) -> None:
         """One clock edge: report the transfers seen at it, then drive the next cycle."""
-        self.cycle += 1
-        cycle = self.cycle
+        if self._period_steps is None:
+            self._cycle += 1
+        else:
+            now = self._now()
+            last = self._last_step_time
+            self._cycle += 1 if last is None else (now - last) // self._period_steps
+            self._last_step_time = now
+        cycle = self._cycle
         listeners = self.listeners
+        rx_valid_seen = False
         for ch in self._tx_list:
             if ch.driven and ch.h_ready.get_signal_val_long():
                 ch.driven = False
@@ -200,12 +326,15 @@ class LinkDriver:
                 for lst in listeners:
                     lst.on_tx(cycle, ch.name, fields)
         for ch in self._rx_list:
-            if ch.ready_out and ch.h_valid.get_signal_val_long():
-                fields = ch.codec.unpack(ch.read())
-                for lst in listeners:
-                    lst.on_rx(cycle, ch.name, fields)
-        if self.on_cycle is not None:
-            self.on_cycle(cycle)
+            if ch.h_valid.get_signal_val_long():
+                rx_valid_seen = True
+                if ch.ready_out:
+                    fields = ch.codec.unpack(ch.read())
+                    for lst in listeners:
+                        lst.on_rx(cycle, ch.name, fields)
+        self._rx_valid_seen = rx_valid_seen
+        if self._on_cycle is not None:
+            self._on_cycle(cycle)
         if not self.enabled:
             return
         for ch in self._tx_list:
@@ -223,7 +352,7 @@ class LinkDriver:
                 elif ch.valid_out:
                     ch.h_valid.set_signal_val_int(0, 0)
                     ch.valid_out = 0
-        bp = self.backpressure
+        bp = self._backpressure
         rng = self.rng
         hold = self.hold
         for ch in self._rx_list:

@@ -695,6 +695,7 @@ class HostMemorySide:
         from sim.bfm.cxl_cache_host import CxlCacheHost
         from sim.checkers.cxl_cache_monitor import CxlCacheMonitor
         from sim.model.home_agent import HomeAgent
+        from sim.env import CLOCK_PERIOD_NS
         cap = env.config.capacity_lines
         if base_line < env.monitor.window[0] + cap and base_line + lines > env.monitor.window[0]:
             raise ValueError(f"host memory {base_line:#x}+{lines} overlaps the HDM window")
@@ -705,7 +706,7 @@ class HostMemorySide:
         self.ha = HomeAgent((base_line, lines), device_hdm_range=(env.monitor.window[0], cap))
         self.monitor = CxlCacheMonitor(device_hdm=(env.monitor.window[0], cap))
         self.host = CxlCacheHost(env.dut, env.clk, self.ha, rng=random.Random(env.seed ^ 0xCAC4E),
-                                 mem_host=env.host)
+                                 mem_host=env.host, period_ns=CLOCK_PERIOD_NS)
         self.host.listeners.append(self.monitor)
         env.host.listeners.append(self.monitor)
         self.host.start()

@@ -23,9 +23,11 @@
 //   earliest (RVALID/BVALID rise right after edge s+LAT-1). A request arriving at an idle
 //   media starts service at its own acceptance edge t, so with RREADY/BREADY high its
 //   response handshake happens exactly at edge t+RD_LAT / t+WR_LAT.
-// - Responses in order (legal AXI; rid/bid echo arid/awid). RDATA/RUSER are read from
-//   mem/poison as they are at the R handshake edge (a write committing at that same edge is
-//   not seen).
+// - Responses in order (legal AXI; rid/bid echo arid/awid). RDATA/RUSER are the line as
+//   it is after the edge before the R handshake edge (so a write committing at the handshake
+//   edge itself is not seen; one that committed at an earlier edge is), held in flip-flops
+//   refreshed at every edge: a backdoor poke is seen by R beats handshaked from the second
+//   edge after it.
 // - Persistence: a write is applied to mem (strobed bytes) and poison (set if wuser; cleared
 //   only by a 64-strobe write with wuser=0; otherwise kept) at its B handshake edge. Until
 //   then it is in flight.
@@ -34,8 +36,13 @@
 //   each of its 8 words w=0..7, x = xorshift32(x) (x<<13, x>>17, x<<5; x starts at
 //   tear_seed sampled at that edge, or 32'h9E3779B9 when it is 0); the word's strobed bytes
 //   take the new data when x[31]=1, else stay old. Poison bits keep their old value. Then all
-//   queues, the occupancy and the arbitration state are cleared. While power_fail is high
-//   all READY/VALID outputs are 0. mem/poison persist across it.
+//   queues, the occupancy and the arbitration state are cleared; handshakes the device
+//   sees at that edge are void (the device is reset with the power failure). From that edge
+//   until the edge after power_fail is seen low again, all READY/VALID outputs are 0.
+//   mem/poison persist across it.
+// - No output depends combinationally on power_fail or on the arrays: Verilator re-evaluates
+//   every logic cone fed by a top-level input or a VPI-writable signal (mem, poison) after
+//   every input change, and here that cone would be the whole device.
 // - Per-cycle cost is O(1); loops run only in the power-fail edge and on accepting a write.
 `default_nettype none
 
@@ -117,6 +124,11 @@ module pmem_media #(
     logic [RQ_W-1:0]   rq_head, rq_svc, rq_tail;
     logic [RC_W-1:0]   rd_count, rd_pend;
     logic [7:0]        r_beat;              // beats of the head entry already returned
+    // The head entry's line as it is after the last edge (that edge's write included),
+    // refreshed at every edge: RDATA/RUSER come from flip-flops, never combinationally from
+    // the array, which the backdoor writes (see the contract).
+    logic [511:0]      rdata_q;
+    logic              ruser_q;
 
     // ---------------------------------------------------------------- write queue
     logic [ID_W-1:0]   wq_id   [WR_QUEUE];
@@ -154,6 +166,7 @@ module pmem_media #(
         now = '0; busy_q8 = '0; last_was_wr = 1'b0; pf_q = 1'b0; warned = 1'b0;
         stat_reads = '0; stat_writes = '0; err_count = '0;
         watch_line = '1; watch_count = '0;
+        rdata_q = '0; ruser_q = 1'b0;
     end
 
     // ---------------------------------------------------------------- helpers
@@ -220,10 +233,10 @@ module pmem_media #(
     assign ar_bad = (arlen != 8'd0) || (arsize != 3'd6) || (arburst == 2'b11) || !line_ok(araddr[ADDR_W-1:6]);
     assign aw_bad = (awlen != 8'd0) || (awsize != 3'd6) || (awburst == 2'b11)
                     || !line_ok(awaddr[ADDR_W-1:6]) || (awlen == 8'd0 && !wlast);
-    assign arready = !power_fail && (rd_count != RC_W'(RD_QUEUE));
-    assign awready = !power_fail && (w_drain == 8'd0) && awvalid && wvalid
+    assign arready = !pf_q && (rd_count != RC_W'(RD_QUEUE));
+    assign awready = !pf_q && (w_drain == 8'd0) && awvalid && wvalid
                      && (wr_count != WC_W'(WR_QUEUE));
-    assign wready = (w_drain != 8'd0) ? !power_fail : awready;
+    assign wready = (w_drain != 8'd0) ? !pf_q : awready;
     assign ar_fire = arvalid && arready;
     assign aw_fire = awvalid && awready;    // carries the first W beat
     assign w_drain_fire = (w_drain != 8'd0) && wvalid && wready;
@@ -252,16 +265,16 @@ module pmem_media #(
     logic r_fire, r_done, b_fire, head_rd_err, head_wr_err;
     assign head_rd_err = rq_err[rq_head];
     assign head_wr_err = wq_err[wq_head];
-    assign rvalid = !power_fail && (rd_count != rd_pend) && (now >= rq_due[rq_head]);
+    assign rvalid = !pf_q && (rd_count != rd_pend) && (now >= rq_due[rq_head]);
     assign rid = rq_id[rq_head];
     assign rresp = head_rd_err ? RESP_SLVERR : RESP_OKAY;
     assign rlast = r_beat == rq_len[rq_head];
-    assign rdata = (rvalid && !head_rd_err) ? mem[rq_line[rq_head]] : '0;
-    assign ruser = rvalid && !head_rd_err && poison[rq_line[rq_head]];
+    assign rdata = (rvalid && !head_rd_err) ? rdata_q : '0;
+    assign ruser = rvalid && !head_rd_err && ruser_q;
     assign r_fire = rvalid && rready;
     assign r_done = r_fire && rlast;
 
-    assign bvalid = !power_fail && (wr_count != wr_pend) && (now >= wq_due[wq_head]);
+    assign bvalid = !pf_q && (wr_count != wr_pend) && (now >= wq_due[wq_head]);
     assign bid = wq_id[wq_head];
     assign bresp = head_wr_err ? RESP_SLVERR : RESP_OKAY;
     assign b_fire = bvalid && bready;
@@ -354,6 +367,26 @@ module pmem_media #(
             end
             wr_count <= wr_count + WC_W'(aw_fire) - WC_W'(b_fire);
             wr_pend <= wr_pend + WC_W'(aw_fire) - WC_W'(start_wr);
+
+            // next head entry's line, with this edge's write applied
+            begin
+                logic [RQ_W-1:0] nh;
+                logic [LINE_W-1:0] nl;
+                logic [511:0] v;
+                logic u;
+                nh = r_done ? rq_next(rq_head) : rq_head;
+                nl = (ar_fire && rq_tail == nh && rd_count == RC_W'(r_done))
+                     ? LINE_W'(araddr[ADDR_W-1:6]) : rq_line[nh];
+                v = mem[nl];
+                u = poison[nl];
+                if (b_fire && !head_wr_err && wq_line[wq_head] == nl) begin
+                    v = (v & ~wq_mask[wq_head]) | (wq_data[wq_head] & wq_mask[wq_head]);
+                    if (wq_user[wq_head]) u = 1'b1;
+                    else if (wq_full[wq_head]) u = 1'b0;
+                end
+                rdata_q <= v;
+                ruser_q <= u;
+            end
         end
     end
 endmodule
