@@ -5,6 +5,12 @@ CXL.mem streams, its CSR AXI4-Lite port and irq, plus ``power_fail`` and ``tear_
 the media (sim/rtl/pmem_media.sv). The media are instances ``media0``..``media{N-1}``
 (their arrays are reachable by VPI for the backdoor); the device is instance ``device``.
 ``build_harness(config)`` writes the Verilog and compiles it once per configuration.
+
+Built for simulation speed (issue 14): Verilator re-evaluates every logic cone fed by a
+top-level input or a VPI-writable signal after every input change. So only the ports are
+public (``ports_control_file``; the media arrays by sim/rtl/harness.vlt), the device's reset
+is a flip-flop of ``rst`` (the device leaves reset one cycle after ``rst`` falls), and the
+media drive no output combinationally from ``power_fail`` or their arrays.
 """
 from __future__ import annotations
 

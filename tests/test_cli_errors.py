@@ -48,6 +48,8 @@ BAD = [
     "stress --channel nope",
     "bench --lines 0",
     "bench --overhead-batches 0",
+    "bench --engine-batch-size -1",
+    "bench --engine-rows-cap 0",
     "fp32 --n 0",
     "fp32 --op nope",
     "verilog --clock-mhz 0",

@@ -31,7 +31,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.cli_args import CliError, CliParser, check_output_path, positive_int, seed_int  # noqa: E402
+from tools.cli_args import (CliError, CliParser, check_output_path, non_negative_int,  # noqa: E402
+                             positive_int, seed_int)
 
 TOP_NAME = "trainingcxl_device"
 
@@ -163,6 +164,7 @@ def cmd_bench(args) -> int:
             "TCXL_SEED": str(seed), "TCXL_OVH_MODEL": model, "TCXL_OVH_BATCH_SIZE": str(batch_size),
             "TCXL_OVH_ROWS_CAP": str(rows_cap), "TCXL_OVH_BATCHES": str(args.overhead_batches),
             "TCXL_OVH_MLP_PROBE": "4096"}, "sim.tb.overhead_tb")
+    engine = _engine_run(seed, args)
     from hw.config import DeviceConfig
     from sim.model.pmem_params import describe
     cfg = DeviceConfig.for_simulation()
@@ -171,6 +173,15 @@ def cmd_bench(args) -> int:
         "cxlmem_read_lines_per_cycle": round(stream["lines_per_cycle"], 4),
         "media_read_lines_per_cycle": round(stream["media_read_lines_per_cycle"], 4),
         "sim_cycles_per_second": stress["sim_cycles_per_second"],
+        "stress_sim_cycles_per_second": stress["sim_cycles_per_second"],
+        **({} if engine is None else {
+            "engine_run": engine["label"],
+            "engine_run_sim_cycles_per_second": engine["sim_cycles_per_second"],
+            "engine_run_sim_cycles": engine["sim_cycles"],
+            "engine_run_wall_seconds": engine["wall_seconds"],
+            "engine_run_verified": engine["verified"],
+            "engine_run_lookup_efficiency": engine["lookup_efficiency"],
+            "engine_run_update_efficiency": engine["update_efficiency"]}),
         "stream_sim_cycles_per_second": stream["sim_cycles_per_second"],
         "stress_transactions": stress["transactions"],
         "stress_cycles": stress["cycles"],
@@ -191,8 +202,26 @@ def cmd_bench(args) -> int:
     }
     _emit(result, args.json, "TrainingCXL bench")
     ok = not any(r.get("error") for r in (stream, stress, push, *overhead.values())) and \
-        all(r.get("verified") for r in overhead.values())
+        all(r.get("verified") for r in overhead.values()) and (engine is None or engine["verified"])
     return 0 if ok else 1
+
+
+def _engine_run(seed: int, args) -> dict | None:
+    """The simulation-speed run of issue 14: ``trainingcxl run --model rm1 --config cxl-d --phase
+    embedding --batches 1`` at the bench's batch size and rows cap (LOOKUP and UPDATE dominate;
+    every result verified as in ``run``). None with ``--engine-batch-size 0``."""
+    if not args.engine_batch_size:
+        return None
+    from tools.run_cmd import run_embedding
+    run_args = argparse.Namespace(
+        model="rm1", config="cxl-d", phase="embedding", batches=1, trace=None, seed=seed,
+        rows_cap=args.engine_rows_cap, batch_size=args.engine_batch_size, out="host",
+        fp32_pipeline="compact")
+    result = run_embedding(run_args)
+    result["label"] = (f"trainingcxl run --model rm1 --config cxl-d --phase embedding --batches 1 "
+                       f"--batch-size {args.engine_batch_size} --rows-cap {args.engine_rows_cap} "
+                       f"--seed {seed}")
+    return result
 
 
 def cmd_fp32(args) -> int:
@@ -264,6 +293,10 @@ def main(argv=None) -> int:
     b.add_argument("--seed", type=seed_int)
     b.add_argument("--overhead-batches", type=positive_int, default=1,
                    help="measured batches per checkpoint-overhead run (after one warm-up batch)")
+    b.add_argument("--engine-batch-size", type=non_negative_int, default=512,
+                   help="batch size of the rm1 engine run whose simulation speed is reported (0: skip it)")
+    b.add_argument("--engine-rows-cap", type=positive_int, default=65536,
+                   help="rows cap of the rm1 engine run")
     b.set_defaults(func=cmd_bench)
 
     f = sub.add_parser("fp32", help="bit-exact campaign of the FP32 units (FMA, add, mul, div)")
