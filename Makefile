@@ -69,8 +69,8 @@ waves: install
 	$(TCXL) waves $(TEST)
 
 # The main job today: CXL.mem read efficiency, CXL.cache push efficiency, a
-# 20k-transaction stress with its simulation speed and the checkpoint overhead on rm1 and
-# rm4, JSON in build/bench.json.
+# 20k-transaction stress with its simulation speed, the checkpoint overhead on rm1 and
+# rm4, and an rm1 engine run (batch 512) with its simulation speed, JSON in build/bench.json.
 bench: install
 	$(TCXL) bench --json build/bench.json
 
