@@ -136,7 +136,7 @@ class LinkDriver:
             self._period_steps = get_sim_steps(period_ns, "ns")
         self._asleep = False
         self._sleep_cbs: dict = {}       # rx index -> pending value-change callback
-        self._last_step_time = None      # simulation time (steps) of the last step
+        self._last_step_time = None      # simulation time (steps) of the step before a sleep
         self._rx_valid_seen = False      # an rx valid was high in the last step
         self.enabled = True
         self.hold: set[str] = _WakingSet(self._wake)
@@ -278,6 +278,7 @@ class LinkDriver:
         # Registered now, with every rx valid seen low in this step: a rise after this edge's
         # evaluation calls _wake, in time for the step at the next edge to see the transfer.
         self._asleep = True
+        self._last_step_time = self._now()
         self._sleep_cbs = {i: self._register_cb(ch.h_valid, functools.partial(self._on_valid_rise, i),
                                                 self._rising)
                            for i, ch in enumerate(self._rx_list)}
@@ -309,13 +310,11 @@ class LinkDriver:
 
     def step(self) -> None:
         """One clock edge: report the transfers seen at it, then drive the next cycle."""
-        if self._period_steps is None:
+        if self._last_step_time is None:
             self._cycle += 1
-        else:
-            now = self._now()
-            last = self._last_step_time
-            self._cycle += 1 if last is None else (now - last) // self._period_steps
-            self._last_step_time = now
+        else:                              # the first step after sleeping: count the slept edges
+            self._cycle += (self._now() - self._last_step_time) // self._period_steps
+            self._last_step_time = None
         cycle = self._cycle
         listeners = self.listeners
         rx_valid_seen = False
