@@ -110,7 +110,7 @@ def build_harness(config: DeviceConfig) -> pathlib.Path:
 
     The Verilog (about 40 s of Amaranth conversion) is generated again only when
     ``source_digest()`` differs from the one stamped next to it; Verilator's make then
-    rebuilds only when the Verilog changed."""
+    rebuilds only when the Verilog changed. Next to it, ``ports.vlt`` (``ports_control_file``)."""
     name = f"harness-{config_key(config)}"
     vdir = runner.BUILD / "sim" / "src" / name
     vdir.mkdir(parents=True, exist_ok=True)
@@ -122,10 +122,10 @@ def build_harness(config: DeviceConfig) -> pathlib.Path:
             if not vfile.exists() or vfile.read_text() != text:   # keep mtime: no needless rebuild
                 vfile.write_text(text)
             stamp.write_text(digest)
-    ports_vlt = vdir / "ports.vlt"
-    text = ports_control_file(DeviceHarness(config))
-    if not ports_vlt.exists() or ports_vlt.read_text() != text:
-        ports_vlt.write_text(text)
+        ports_vlt = vdir / "ports.vlt"
+        text = ports_control_file(DeviceHarness(config))
+        if not ports_vlt.exists() or ports_vlt.read_text() != text:
+            ports_vlt.write_text(text)
     return runner.build(name, [vfile, MEDIA_SV, MEDIA_VLT, ports_vlt], TOPLEVEL, public_top=False)
 
 
