@@ -7,6 +7,9 @@ from .common.cxl_mem import LINE_BYTES
 from .common.fp32 import Fp32Fma
 
 
+SIM_CAPACITY_BYTES = 1 << 30           # the simulated device's memory (DeviceConfig.for_simulation)
+
+
 @dataclass(frozen=True)
 class DeviceConfig:
     """Parameters of one TrainingCxlDevice build.
@@ -74,14 +77,16 @@ class DeviceConfig:
             raise ValueError("cache_lines and cache_trackers must be powers of two (trackers <= 4096)")
 
     @classmethod
-    def for_simulation(cls, lines_per_channel: int = 65536, **kw) -> "DeviceConfig":
-        """The configuration the Verilator regression uses: the same queues, less memory
-        (the PMEM media model holds every line in simulator memory)."""
+    def for_simulation(cls, capacity_bytes: int | None = None, **kw) -> "DeviceConfig":
+        """The configuration the Verilator regression uses: the same queues, ``capacity_bytes``
+        of device memory (default SIM_CAPACITY_BYTES, 1 GiB: the PMEM media model's store is
+        sparse, so memory costs only the lines touched), the bias table of the default device
+        (at most 65,536 pages, of at least 4 KiB) and the cache test port."""
+        capacity_bytes = SIM_CAPACITY_BYTES if capacity_bytes is None else capacity_bytes
         channels = kw.pop("channels", 4)
         kw.setdefault("cache_test_port", True)
-        kw.setdefault("bias_pages", lines_per_channel * channels * LINE_BYTES // 4096)
-        return cls(channels=channels, capacity_bytes=lines_per_channel * channels * LINE_BYTES,
-                   **kw)
+        kw.setdefault("bias_pages", max(2, min(1 << 16, capacity_bytes // 4096)))
+        return cls(channels=channels, capacity_bytes=capacity_bytes, **kw)
 
     @property
     def capacity_lines(self) -> int:

@@ -3,12 +3,12 @@
 ``DeviceHarness(config, timing)`` is an Amaranth component whose ports are the device's
 CXL.mem streams, its CSR AXI4-Lite port and irq, plus ``power_fail`` and ``tear_seed`` for
 the media (sim/rtl/pmem_media.sv). The media are instances ``media0``..``media{N-1}``
-(their arrays are reachable by VPI for the backdoor); the device is instance ``device``.
+(their lines are in C++ stores the backdoor reaches by ctypes: sim/bfm/pmem.py); the device is instance ``device``.
 ``build_harness(config)`` writes the Verilog and compiles it once per configuration.
 
 Built for simulation speed (issue 14): Verilator re-evaluates every logic cone fed by a
 top-level input or a VPI-writable signal after every input change. So only the ports are
-public (``ports_control_file``; the media arrays by sim/rtl/harness.vlt), the device's reset
+public (``ports_control_file``; the media's watch and statistics by sim/rtl/harness.vlt), the device's reset
 is a flip-flop of ``rst`` (the device leaves reset one cycle after ``rst`` falls), and the
 media drive no output combinationally from ``power_fail`` or their arrays.
 """
@@ -34,6 +34,8 @@ DEVICE_PORTS = ("m2s_req", "m2s_rwd", "s2m_ndr", "s2m_drs", "d2h_req", "d2h_rsp"
                 "h2d_req", "h2d_rsp", "h2d_data", "cache_port", "csr", "irq")
 MEDIA_SV = pathlib.Path(__file__).resolve().parent / "rtl" / "pmem_media.sv"
 MEDIA_VLT = MEDIA_SV.with_name("harness.vlt")
+MEDIA_STORE = MEDIA_SV.with_name("pmem_store.cpp")     # the media's sparse line store (DPI-C)
+MEDIA_SOURCES = (MEDIA_SV, MEDIA_STORE)
 
 
 class DeviceHarness(wiring.Component):
@@ -126,7 +128,7 @@ def build_harness(config: DeviceConfig) -> pathlib.Path:
         text = ports_control_file(DeviceHarness(config))
         if not ports_vlt.exists() or ports_vlt.read_text() != text:
             ports_vlt.write_text(text)
-    return runner.build(name, [vfile, MEDIA_SV, MEDIA_VLT, ports_vlt], TOPLEVEL, public_top=False)
+    return runner.build(name, [vfile, *MEDIA_SOURCES, MEDIA_VLT, ports_vlt], TOPLEVEL, public_top=False)
 
 
 def ports_control_file(harness: DeviceHarness) -> str:

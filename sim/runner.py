@@ -100,13 +100,21 @@ def build(name: str, sources: list[pathlib.Path], toplevel: str, *,
           extra_args: tuple[str, ...] = (),
           parameters: dict | None = None, all_public: bool = False,
           public_top: bool = True) -> pathlib.Path:
-    """``parameters`` (Verilog top-level parameters) are also folded into the folder name.
+    """``sources``: Verilog files, Verilator control files (.vlt) and C++ files (.cpp, linked
+    into the simulator and reachable by ctypes from the cocotb side).
+    ``parameters`` (Verilog top-level parameters) are also folded into the folder name.
     ``all_public`` keeps cocotb's --public-flat-rw (every signal reachable by VPI).
     ``public_top=False`` drops --public-depth 1: only what the sources' control files name is
     reachable (every signal Verilator sees as VPI-writable is re-evaluated like an input)."""
     setup_path()
     from cocotb_tools.runner import get_runner
     waves = waves_requested()
+    # C++ sources (DPI-C code such as sim/rtl/pmem_store.cpp) go to Verilator as build
+    # arguments (cocotb takes only HDL files as sources); -rdynamic exports their symbols
+    # so Python reaches them by ctypes.CDLL(None) from inside the simulator process.
+    cpp = [str(s) for s in sources if pathlib.Path(s).suffix == ".cpp"]
+    sources = [s for s in sources if pathlib.Path(s).suffix != ".cpp"]
+    extra_args = (*extra_args, *cpp, *(("-LDFLAGS", "-rdynamic") if cpp else ()))
     params = dict(parameters or {})
     tag = "".join(f"-{k}_{v}" for k, v in sorted(params.items()))
     bdir = BUILD / "sim" / (name + tag + ("-waves" if waves else ""))

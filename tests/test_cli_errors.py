@@ -29,7 +29,7 @@ BAD = [
     "crash --model rm-tiny --points 1 --rows-cap 0",
     "crash --model rm-tiny --points 1 --phases lookup,nope",
     "crash --model rm-tiny --points 1 --trace /nonexistent/trace.npz",
-    "crash --model rm1 --points 1",                            # does not fit the 16 MiB device
+    "crash --model rm2 --points 1",                            # does not fit the 1 GiB device
     # eval
     "eval --models nope",
     "eval --configs nope",

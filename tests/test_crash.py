@@ -31,7 +31,7 @@ def _args(**kw):
 
 @pytest.mark.parametrize("kw, message", [
     (dict(phases="lookup,boot"), "--phases takes a comma list"),
-    (dict(model="rm1", seed=1), "does not fit device memory"),
+    (dict(model="rm2", seed=1), "does not fit device memory"),
     (dict(model="no-such-model", seed=1), "no-such-model"),
 ])
 def test_crash_rejects_bad_requests(kw, message, capsys):

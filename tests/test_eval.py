@@ -145,9 +145,11 @@ def test_bad_requests_are_one_line_errors(kw, match):
         check_request(_args(**kw))
 
 
-def test_a_model_that_does_not_fit_is_refused_before_simulating():
+def test_a_model_that_does_not_fit_is_refused_before_simulating(monkeypatch):
+    import hw.config
     from tools.eval_cmd import EvalError, check_fits
-    with pytest.raises(EvalError, match="does not fit"):
+    monkeypatch.setattr(hw.config, "SIM_CAPACITY_BYTES", 16 << 20)   # no preset is refused at 1 GiB
+    with pytest.raises(EvalError, match="does not fit the 16 MiB simulated device"):
         check_fits("rm2", _args(rows_cap=1 << 16, batch_size=64))
 
 

@@ -328,14 +328,17 @@ def _run_args(**kw):
     return p.parse_args(argv)
 
 
-def test_run_picks_the_default_device_when_the_model_fits_and_explains_when_not():
+def test_run_picks_the_default_device_when_the_model_fits_and_explains_when_not(monkeypatch):
     from hw.config import DeviceConfig
     from tools.run_cmd import RunError, choose_device
     trace = generate_trace("rm-tiny", 1, 1, TraceKnobs())
     cfg, layout = choose_device(trace, "device")
     assert cfg == DeviceConfig.for_simulation() and layout.outputs is not None
     trace = generate_trace("rm2", 1, 1, TraceKnobs(batch_size=1))      # 80 x 65536 rows x 2 lines
-    with pytest.raises(RunError, match=r"--rows-cap \d+"):
+    assert choose_device(trace, "host")[0] == DeviceConfig.for_simulation()   # 640 MiB: the 1 GiB default
+    import tools.run_cmd
+    monkeypatch.setattr(tools.run_cmd, "DEVICE_CAPACITIES", (16 << 20, 64 << 20))
+    with pytest.raises(RunError, match=r"--rows-cap \d+.*tried devices up to 64 MiB"):
         choose_device(trace, "host")
 
 

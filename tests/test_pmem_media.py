@@ -12,11 +12,13 @@ import pytest
 from sim import runner
 from sim.model.pmem_params import media_verilog_parameters
 
-SV = runner.REPO / "sim" / "rtl" / "pmem_media.sv"
+from sim.harness import MEDIA_SOURCES
 PARAMS = media_verilog_parameters(500.0, depth_lines=1024, id_width=8, addr_width=32)
 TESTS = ["test_zero_init_and_backdoor", "test_idle_latency", "test_read_bandwidth",
          "test_write_bandwidth", "test_arbitration_alternates", "test_strobes_and_poison",
-         "test_slverr", "test_random_traffic", "test_power_failure"]
+         "test_slverr", "test_random_traffic", "test_power_failure", "test_store_arrays"]
+# The same media at 1 GiB (2**24 lines): its store must be sparse.
+GIB_PARAMS = media_verilog_parameters(500.0, depth_lines=1 << 24, id_width=8, addr_width=32)
 
 
 def test_params_match_paper_at_500mhz():
@@ -28,7 +30,7 @@ def test_params_match_paper_at_500mhz():
 
 @pytest.fixture(scope="module")
 def build_dir():
-    return runner.build("pmem_media", [SV], "pmem_media", parameters=PARAMS)
+    return runner.build("pmem_media", list(MEDIA_SOURCES), "pmem_media", parameters=PARAMS)
 
 
 @pytest.mark.sim
@@ -38,3 +40,10 @@ def test_pmem_media(build_dir, testcase):
     if "PMEM_TEST_SEED" in os.environ:
         env["PMEM_TEST_SEED"] = os.environ["PMEM_TEST_SEED"]
     runner.run(build_dir, "pmem_media", "tests.pmem_media_tb", testcase, env=env)
+
+
+@pytest.mark.sim
+def test_pmem_media_gigabyte():
+    build = runner.build("pmem_media", list(MEDIA_SOURCES), "pmem_media", parameters=GIB_PARAMS)
+    runner.run(build, "pmem_media", "tests.pmem_media_tb", "test_gigabyte_store",
+               env={"PMEM_PARAMS": json.dumps(GIB_PARAMS)})

@@ -136,7 +136,7 @@ def test_eval_trace_requests_are_checked(criteo_trace, tmp_path):
     models, _ = check_request(args)
     sources = bind_traces(args, models, tmp_path)
     assert args.batches == 2 and sources["kaggle"]["origin"] == "criteo-tsv"
-    check_fits("kaggle", args)                 # 26 x 64 rows and batch 4 fit the 16 MiB device
+    check_fits("kaggle", args)                 # 26 x 64 rows and batch 4 fit the device
     assert read_trace(args.bound_traces["kaggle"][0]).manifest["preset"] == "kaggle"
     # a generated run records its preset and seed
     args = _eval_args(models="rm-tiny")
@@ -177,11 +177,13 @@ def test_every_eval_result_carries_the_command_trace_source():
     assert out["meta"]["trace_sources"] == {"kaggle": src}
 
 
-def test_eval_trace_whose_rows_do_not_fit_names_rows(tmp_path):
+def test_eval_trace_whose_rows_do_not_fit_names_rows(tmp_path, monkeypatch):
+    import hw.config
     from tools.eval_cmd import EvalError, bind_traces, check_fits, check_request
+    monkeypatch.setattr(hw.config, "SIM_CAPACITY_BYTES", 64 << 20)   # the default 1 GiB holds them
     src = tmp_path / "c.txt"
     src.write_text("".join(criteo_lines(8, 1)))
-    big = write_trace(tmp_path / "big.npz", import_criteo(src, preset="kaggle", batch_size=4))   # Kaggle rows
+    big = write_trace(tmp_path / "big.npz", import_criteo(src, preset="kaggle", batch_size=4))   # Kaggle rows: 113 MiB
     args = _eval_args(trace=str(big))
     models, _ = check_request(args)
     bind_traces(args, models, tmp_path)

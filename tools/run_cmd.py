@@ -64,7 +64,10 @@ from tools.cli_args import CliError, positive_int, seed_int  # noqa: E402
 
 CONFIGS = ("cxl-d",)             # the other configurations: trainingcxl eval
 PHASES = ("embedding",)
-MAX_LINES_PER_CHANNEL = 1 << 21       # 4 channels x 128 MiB: the largest media we simulate
+# Simulated devices, smallest first: the first is DeviceConfig.for_simulation()'s default;
+# each other one is a separate Verilator build (a few minutes). The media store is sparse, so
+# capacity costs memory only where written.
+DEVICE_CAPACITIES = (1 << 30, 2 << 30, 4 << 30)
 
 
 class RunError(CliError):
@@ -73,7 +76,7 @@ class RunError(CliError):
 
 def choose_device(trace, out: str, where: str = "--model"):
     """(DeviceConfig, layout): the default simulation device if the model fits, else the
-    smallest larger one (powers of two up to MAX_LINES_PER_CHANNEL per channel). When none
+    smallest larger one (DEVICE_CAPACITIES). When none
     fits, the one-line error names ``rows`` or ``batch_size`` (tools/trace_source.py)."""
     from hw.config import DeviceConfig
     from sim.bfm.ndp_host import LayoutError, plan_layout, tables_from_manifest
@@ -87,20 +90,18 @@ def choose_device(trace, out: str, where: str = "--model"):
                                capacity_lines=cfg.capacity_lines, has_weights=tr.manifest["has_weights"],
                                outputs_in_device=out == "device")
         return plan
-    lines = default.lines_per_channel
     first_error = None
-    while lines <= MAX_LINES_PER_CHANNEL:
-        cfg = default if lines == default.lines_per_channel else DeviceConfig.for_simulation(lines_per_channel=lines)
+    for capacity in DEVICE_CAPACITIES:
+        cfg = default if capacity == default.capacity_bytes else DeviceConfig.for_simulation(capacity)
         try:
             return cfg, planner(cfg)(trace)
         except LayoutError as e:
             first_error = first_error or e
-        lines *= 2
     try:
         diagnose_fit(planner(cfg), trace, where)
     except TraceSourceError as e:
-        raise RunError(f"{e} (tried devices up to {4 * MAX_LINES_PER_CHANNEL * 64 >> 20} MiB; "
-                       f"on the default {default.capacity_bytes >> 20} MiB device: {first_error})") from None
+        raise RunError(f"{e} (tried devices up to {DEVICE_CAPACITIES[-1] >> 20} MiB; "
+                       f"on the first, {DEVICE_CAPACITIES[0] >> 20} MiB: {first_error})") from None
     raise RunError(f"no device fits ({first_error})")
 
 
@@ -139,7 +140,7 @@ def refuse_hopeless(manifest: dict, out: str) -> None:
     fewest = sum((1.0 - t["pooling"]["empty_prob"]) *
                  (t["pooling"]["mean"] if t["pooling"]["kind"] == "fixed" else min(1, t["pooling"]["mean"]))
                  for t in manifest["tables"]) * B / 2
-    largest = DeviceConfig.for_simulation(lines_per_channel=MAX_LINES_PER_CHANNEL)
+    largest = DeviceConfig.for_simulation(DEVICE_CAPACITIES[-1])
     try:
         plan_layout(tables_from_manifest(manifest), batch_size=B, max_indices=int(fewest),
                     capacity_lines=largest.capacity_lines, has_weights=manifest["has_weights"],

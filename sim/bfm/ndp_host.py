@@ -544,58 +544,71 @@ class NdpCompletion:
 # simulator side
 # --------------------------------------------------------------------------------------------
 class Backdoor:
-    """Bulk line access to the media that keeps the scoreboard's reference image in step."""
+    """Bulk line access to the media that keeps the scoreboard's reference image in step.
+
+    Arrays move whole: one store call per channel (sim/bfm/pmem.py), lines interleaved
+    across channels as the device interleaves them (hw/mem/port.py)."""
 
     def __init__(self, env):
         self.env = env
         self.channels = env.config.channels
 
-    def write_lines(self, start: int, values: Sequence[int]) -> None:
-        n = len(values)
+    def _per_channel(self, start: int, count: int):
+        """(channel, local first line, rows of the range) for each channel with lines in it."""
+        for ch in range(self.channels):
+            first = (ch - start) % self.channels
+            if first < count:
+                yield ch, (start + first) // self.channels, slice(first, count, self.channels)
+
+    def write_array(self, start: int, values: np.ndarray) -> None:
+        """The bytes of ``values`` (any little-endian numpy array, e.g. fp32 rows or u32
+        indices) into consecutive lines from ``start``, the last line zero-padded."""
+        raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+        if raw.dtype.byteorder == ">":
+            raise ValueError("big-endian arrays are not line data")
+        lines = np.concatenate([raw, np.zeros(-raw.size % LINE_BYTES, np.uint8)]).reshape(-1, LINE_BYTES)
+        n = lines.shape[0]
         if n == 0:
             return
         if start < 0 or start + n > self.env.config.capacity_lines:
             raise ValueError(f"backdoor write of lines {start}..{start + n - 1} outside device memory")
-        for ch in range(self.channels):          # one pass per channel: its lines in order
-            media = self.env.media[ch]
-            first = (ch - start) % self.channels
-            local = (start + first) // self.channels
-            for i in range(first, n, self.channels):
-                media.poke(local, values[i])
-                local += 1
-        self._sync_reference(start, values)
+        for ch, local, rows in self._per_channel(start, n):
+            self.env.media[ch].write_lines(local, lines[rows])
+        self._sync_reference(start, lines)
+
+    def read_array(self, start: int, count: int) -> np.ndarray:
+        """Lines start..start+count-1 as a (count, 64) uint8 array."""
+        out = np.empty((count, LINE_BYTES), dtype=np.uint8)
+        for ch, local, rows in self._per_channel(start, count):
+            out[rows] = self.env.media[ch].read_lines(local, len(range(count)[rows]))
+        return out
+
+    def write_lines(self, start: int, values: Sequence[int]) -> None:
+        """Line ints (byte 0 = bits 7:0) into consecutive lines from ``start``."""
+        self.write_array(start, np.frombuffer(b"".join(int(v).to_bytes(LINE_BYTES, "little") for v in values),
+                                              dtype=np.uint8))
 
     def read_lines(self, start: int, count: int) -> list[int]:
-        out = [0] * count
-        for ch in range(self.channels):
-            media = self.env.media[ch]
-            first = (ch - start) % self.channels
-            local = (start + first) // self.channels
-            for i in range(first, count, self.channels):
-                out[i] = media.peek(local)
-                local += 1
-        return out
+        raw = self.read_array(start, count).tobytes()
+        return [int.from_bytes(raw[i:i + LINE_BYTES], "little") for i in range(0, len(raw), LINE_BYTES)]
 
     def read_line(self, line: int) -> int:
         ch, local = split_line_address(line, self.channels)
         return self.env.media[ch].peek(local)
 
-    def _sync_reference(self, start: int, values: Sequence[int]) -> None:
-        """The scoreboard's image takes the loaded values; versions recorded for these lines
-        (host writes before the load) no longer describe them and are dropped."""
-        image = np.frombuffer(b"".join(v.to_bytes(LINE_BYTES, "little") for v in values), dtype=np.uint8)
-        model = self.env.model
-        model.image[start:start + len(values)] = image.reshape(len(values), LINE_BYTES)
-        model.poison[start:start + len(values)] = False
+    def _sync_reference(self, start: int, lines: np.ndarray) -> None:
+        """The scoreboard's image takes the loaded lines ((n, 64) uint8); versions recorded for
+        these lines (host writes before the load) no longer describe them and are dropped."""
+        self.env.model.load(start, lines)
         versions = self.env.scoreboard.mem.versions
         if versions:
-            end = start + len(values)
+            end = start + lines.shape[0]
             for line in [ln for ln in versions if start <= ln < end]:
                 del versions[line]
 
     def sync_reference(self, start: int, count: int) -> None:
         """After the device wrote lines (outputs, tables): make the scoreboard expect them."""
-        self._sync_reference(start, self.read_lines(start, count))
+        self._sync_reference(start, self.read_array(start, count))
 
 
 class CxlMemPort:
@@ -769,7 +782,7 @@ class NdpHost:
         for t, (arr, spec, region) in enumerate(zip(tables, self.layout.tables, self.layout.table_regions)):
             if arr.shape != (spec.rows, spec.dim) or arr.dtype != np.float32:
                 raise ValueError(f"table {t}: expected float32 {(spec.rows, spec.dim)}, got {arr.dtype} {arr.shape}")
-            self.backdoor.write_lines(region.base, array_to_lines(arr, np.float32))
+            self.backdoor.write_array(region.base, arr.astype("<f4", copy=False))
 
     async def write_table_descriptors(self, lines: Sequence[int] | None = None) -> None:
         """Write the table descriptors (default: the layout's) over CXL.mem."""
@@ -798,11 +811,11 @@ class NdpHost:
         for region, values in arrays:
             if garbage is not None:
                 values = np.concatenate([values, garbage_words(garbage, region.lines * FLOATS_PER_LINE - values.size)])
-            self.backdoor.write_lines(region.base, array_to_lines(values, np.uint32))
+            self.backdoor.write_array(region.base, values.astype("<u4", copy=False))
 
     def load_gradients(self, grads: Sequence[np.ndarray]) -> None:
         """Per-table (B, dim) fp32 pooled-output gradients into the [B][row pitch] array."""
-        self.backdoor.write_lines(self.layout.grads.base, array_to_lines(self.interleave(grads), np.float32))
+        self.backdoor.write_array(self.layout.grads.base, self.interleave(grads).astype("<f4", copy=False))
 
     def interleave(self, per_table: Sequence[np.ndarray]) -> np.ndarray:
         """Per-table (B, dim) arrays -> one (B, sum of dims) array: the TBE output layout."""
@@ -975,10 +988,10 @@ class NdpHost:
         if from_host:
             if self.host_memory is None:
                 raise ValueError("no host memory side attached")
-            lines = self.host_memory.read_lines(out_line, count)
+            flat = lines_to_array(self.host_memory.read_lines(out_line, count), np.float32)
         else:
-            lines = self.backdoor.read_lines(lay.outputs.base if out_line is None else out_line, count)
-        flat = lines_to_array(lines, np.float32).reshape(lay.batch_size, lay.row_pitch_lines * FLOATS_PER_LINE)
+            flat = self.backdoor.read_array(lay.outputs.base if out_line is None else out_line, count).view("<f4")
+        flat = flat.reshape(lay.batch_size, lay.row_pitch_lines * FLOATS_PER_LINE)
         out, col = [], 0
         for spec in lay.tables:
             out.append(flat[:, col:col + spec.dim].copy())
@@ -987,14 +1000,14 @@ class NdpHost:
 
     def read_table(self, t: int) -> np.ndarray:
         spec, region = self.layout.tables[t], self.layout.table_regions[t]
-        return lines_to_array(self.backdoor.read_lines(region.base, region.lines), np.float32).reshape(
-            spec.rows, spec.dim)
+        flat = self.backdoor.read_array(region.base, region.lines).view("<f4").reshape(-1)
+        return flat[:spec.rows * spec.dim].astype(np.float32).reshape(spec.rows, spec.dim)
 
     def read_rows(self, t: int, rows: Sequence[int]) -> np.ndarray:
         """Rows ``rows`` of table t, (len(rows), dim) fp32."""
         spec = self.layout.tables[t]
         lpr = spec.lines_per_row
-        lines = []
-        for r in rows:
-            lines += self.backdoor.read_lines(self.layout.row_line(t, int(r)), lpr)
-        return lines_to_array(lines, np.float32).reshape(len(rows), spec.dim)
+        out = np.empty((len(rows), lpr * FLOATS_PER_LINE), dtype=np.float32)
+        for k, r in enumerate(rows):
+            out[k] = self.backdoor.read_array(self.layout.row_line(t, int(r)), lpr).view("<f4").reshape(-1)
+        return out[:, :spec.dim].copy()

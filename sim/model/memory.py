@@ -1,6 +1,7 @@
 """Reference model of device memory: the scoreboard's expectation (numpy).
 
-``MemoryModel`` holds the durable image (lines x 64 bytes, uint8) plus a poison bit per line,
+``MemoryModel`` holds the durable image (lines x 64 bytes, uint8, sparse: pages allocated when
+written) plus a poison bit per line,
 and applies writes with byte enables and the poison rule of the PMEM media:
 a poisoned write poisons the line; a full-line (all 64 bytes) clean write clears the poison;
 a partial clean write leaves it.
@@ -48,18 +49,75 @@ def next_poison(old: bool, poison: bool, strb: int) -> bool:
 
 
 class MemoryModel:
+    """``lines`` lines, zero until written, held in pages of PAGE_LINES allocated on the first
+    write that is not all zero: a model of a gigabyte device costs what was touched."""
+
+    PAGE_LINES = 1024
+
     def __init__(self, lines: int):
         self.lines = lines
-        self.image = np.zeros((lines, LINE), dtype=np.uint8)
-        self.poison = np.zeros(lines, dtype=bool)
+        self._data: dict[int, np.ndarray] = {}      # page -> (PAGE_LINES, 64) uint8
+        self._poison: dict[int, np.ndarray] = {}    # page -> (PAGE_LINES,) bool
+
+    def _check(self, first: int, count: int) -> None:
+        if first < 0 or count < 0 or first + count > self.lines:
+            raise IndexError(f"lines {first}..{first + count - 1} outside the memory ({self.lines} lines)")
+
+    def _page(self, no: int) -> tuple[np.ndarray, np.ndarray]:
+        if no not in self._data:
+            self._data[no] = np.zeros((self.PAGE_LINES, LINE), dtype=np.uint8)
+            self._poison[no] = np.zeros(self.PAGE_LINES, dtype=bool)
+        return self._data[no], self._poison[no]
+
+    def _spans(self, first: int, count: int):
+        """(page, offset in page, offset in the range, lines) covering first..first+count-1."""
+        done = 0
+        while done < count:
+            no, i = divmod(first + done, self.PAGE_LINES)
+            n = min(count - done, self.PAGE_LINES - i)
+            yield no, i, done, n
+            done += n
 
     def read(self, line: int) -> tuple[int, bool]:
-        return line_to_int(self.image[line]), bool(self.poison[line])
+        self._check(line, 1)
+        no, i = divmod(line, self.PAGE_LINES)
+        if no not in self._data:
+            return 0, False
+        return line_to_int(self._data[no][i]), bool(self._poison[no][i])
 
     def write(self, line: int, value: int, strb: int = FULL_STRB, poison: bool = False):
         old, old_poison = self.read(line)
-        self.image[line] = int_to_line(merge_line(old, value, strb))
-        self.poison[line] = next_poison(old_poison, poison, strb)
+        data, flags = self._page(line // self.PAGE_LINES)
+        data[line % self.PAGE_LINES] = int_to_line(merge_line(old, value, strb))
+        flags[line % self.PAGE_LINES] = next_poison(old_poison, poison, strb)
+
+    def load(self, first: int, lines: np.ndarray, poison: np.ndarray | None = None) -> None:
+        """Lines from ``first`` take ``lines`` ((n, 64) uint8) and ``poison`` (n bools; None:
+        cleared), whole lines at once."""
+        lines = np.asarray(lines, dtype=np.uint8).reshape(-1, LINE)
+        self._check(first, lines.shape[0])
+        for no, i, at, n in self._spans(first, lines.shape[0]):
+            chunk = lines[at:at + n]
+            flags = None if poison is None else np.asarray(poison[at:at + n], dtype=bool)
+            if no not in self._data and not chunk.any() and (flags is None or not flags.any()):
+                continue
+            data, pflags = self._page(no)
+            data[i:i + n] = chunk
+            pflags[i:i + n] = False if flags is None else flags
+
+    def dump(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Lines first..first+count-1: ((count, 64) uint8, (count,) bool poison)."""
+        self._check(first, count)
+        out = np.zeros((count, LINE), dtype=np.uint8)
+        flags = np.zeros(count, dtype=bool)
+        for no, i, at, n in self._spans(first, count):
+            if no in self._data:
+                out[at:at + n] = self._data[no][i:i + n]
+                flags[at:at + n] = self._poison[no][i:i + n]
+        return out, flags
+
+    def pages_allocated(self) -> int:
+        return len(self._data)
 
 
 class Version(tuple):

@@ -4,9 +4,12 @@
 // - Ports: clk; power_fail (level), tear_seed[32]; AXI4 subordinate with lowercase AMBA names
 //   (aw*, w*, b*, ar*, r*), 512-bit data, wuser/ruser = data poison; stat_reads/stat_writes
 //   (completed OKAY transactions), err_count (bad requests answered SLVERR).
-// - Storage: `mem[line]` (512 bits, byte 0 = bits 7:0) and `poison[line]`, zero at time 0,
-//   reached by cocotb over VPI (sim/bfm/pmem.py). No reset port: the array survives the
-//   device's reset; queues start empty at time zero and are emptied by a power failure.
+// - Storage: a sparse store in C++ behind DPI-C (sim/rtl/pmem_store.cpp, compiled into the
+//   simulator): 512-bit lines (byte 0 = bits 7:0) and a poison bit each, zero until written,
+//   memory allocated per touched page, so DEPTH_LINES may describe gigabytes. The backdoor
+//   (sim/bfm/pmem.py) moves whole arrays through the same store by ctypes. No reset port:
+//   the store survives the device's reset; queues start empty at time zero and are emptied
+//   by a power failure.
 // - Supported requests: AxLEN=0, AxSIZE=6 (64 bytes), AxBURST!=3, line = addr[ADDR_W-1:6]
 //   < DEPTH_LINES, and for writes WLAST=1. Anything else is answered SLVERR (data zero, no
 //   storage effect, err_count+1, one $display for the first one); a bad burst still gets
@@ -28,7 +31,7 @@
 //   edge itself is not seen; one that committed at an earlier edge is), held in flip-flops
 //   refreshed at every edge: a backdoor poke is seen by R beats handshaked from the second
 //   edge after it.
-// - Persistence: a write is applied to mem (strobed bytes) and poison (set if wuser; cleared
+// - Persistence: a write is applied to the store (strobed bytes) and poison (set if wuser; cleared
 //   only by a 64-strobe write with wuser=0; otherwise kept) at its B handshake edge. Until
 //   then it is in flight.
 // - Power failure: at the first rising edge with power_fail high, every in-flight write
@@ -39,10 +42,11 @@
 //   queues, the occupancy and the arbitration state are cleared; handshakes the device
 //   sees at that edge are void (the device is reset with the power failure). From that edge
 //   until the edge after power_fail is seen low again, all READY/VALID outputs are 0.
-//   mem/poison persist across it.
-// - No output depends combinationally on power_fail or on the arrays: Verilator re-evaluates
-//   every logic cone fed by a top-level input or a VPI-writable signal (mem, poison) after
-//   every input change, and here that cone would be the whole device.
+//   The store persists across it.
+// - No output depends combinationally on power_fail or on the store: Verilator re-evaluates
+//   every logic cone fed by a top-level input (or a VPI- or DPI-written signal) after every
+//   input change, and here that cone would be the whole device. The store is called only
+//   from the clocked block: one read per edge (RDATA's refresh), one write per B handshake.
 // - Per-cycle cost is O(1); loops run only in the power-fail edge and on accepting a write.
 `default_nettype none
 
@@ -110,8 +114,14 @@ module pmem_media #(
     localparam logic [1:0] RESP_SLVERR = 2'b10;
 
     // ---------------------------------------------------------------- persistent media
-    logic [511:0] mem [0:DEPTH_LINES-1];
-    logic         poison [0:DEPTH_LINES-1];
+    // The store (sim/rtl/pmem_store.cpp), named by this instance's path.
+    import "DPI-C" function chandle pmem_store_open(input string name, input longint depth_lines);
+    import "DPI-C" function bit pmem_store_read(input chandle store, input longint line,
+                                                output bit [511:0] data);
+    import "DPI-C" function void pmem_store_write(input chandle store, input longint line,
+                                                  input bit [511:0] data, input bit [63:0] strb,
+                                                  input bit set_poison, input bit clear_poison);
+    chandle store;
 
     // ---------------------------------------------------------------- read queue
     // Slots between rq_head and rq_tail are outstanding; the first rd_count - rd_pend of
@@ -134,8 +144,8 @@ module pmem_media #(
     logic [ID_W-1:0]   wq_id   [WR_QUEUE];
     logic [LINE_W-1:0] wq_line [WR_QUEUE];
     logic              wq_err  [WR_QUEUE];
-    logic [511:0]      wq_mask [WR_QUEUE];  // wstrb expanded to bits
-    logic [511:0]      wq_data [WR_QUEUE];  // wdata (only bytes under wq_mask are used)
+    logic [63:0]       wq_strb [WR_QUEUE];  // wstrb
+    logic [511:0]      wq_data [WR_QUEUE];  // wdata (only bytes under wq_strb are used)
     logic              wq_full [WR_QUEUE];  // all 64 strobes set
     logic              wq_user [WR_QUEUE];  // poison
     logic [63:0]       wq_due  [WR_QUEUE];
@@ -157,10 +167,7 @@ module pmem_media #(
     logic [31:0] watch_count;               // writes accepted to watch_line
 
     initial begin
-        for (int i = 0; i < DEPTH_LINES; i++) begin
-            mem[i] = '0;
-            poison[i] = 1'b0;
-        end
+        store = pmem_store_open($sformatf("%m"), 64'(DEPTH_LINES));
         rq_head = '0; rq_svc = '0; rq_tail = '0; rd_count = '0; rd_pend = '0; r_beat = '0;
         wq_head = '0; wq_svc = '0; wq_tail = '0; wr_count = '0; wr_pend = '0; w_drain = '0;
         now = '0; busy_q8 = '0; last_was_wr = 1'b0; pf_q = 1'b0; warned = 1'b0;
@@ -182,12 +189,6 @@ module pmem_media #(
         return (i == WQ_W'(WR_QUEUE - 1)) ? '0 : i + WQ_W'(1);
     endfunction
 
-    function automatic logic [511:0] strobe_mask(input logic [63:0] strb);
-        logic [511:0] m;
-        for (int b = 0; b < 64; b++) m[b*8 +: 8] = {8{strb[b]}};
-        return m;
-    endfunction
-
     function automatic logic [31:0] xorshift32(input logic [31:0] s);
         logic [31:0] x;
         x = s ^ (s << 13);
@@ -203,30 +204,25 @@ module pmem_media #(
         return WQ_W'(s);
     endfunction
 
-    // Contents of the line of in-flight write k after the tear: old contents with the torn
-    // words of every in-flight write j <= k to the same line applied in order. Replays the
-    // PRNG from the seed so the draw order is fixed by acceptance order alone.
-    function automatic logic [511:0] torn_value(input int k, input logic [31:0] seed);
+    // The tear: in acceptance order, each in-flight write's words land or not by the PRNG
+    // (see the contract); written straight to the store, so later writes to the same line
+    // apply on top of earlier ones. Poison bits are kept.
+    task automatic tear_in_flight(input logic [31:0] seed);
         logic [31:0] x;
-        logic [511:0] v;
-        logic [LINE_W-1:0] line;
+        logic [63:0] strb;
         logic [WQ_W-1:0] s;
         x = seed;
-        line = wq_line[wq_slot(k)];
-        v = mem[line];
-        for (int j = 0; j <= k; j++) begin   // variable bound: a loop, not 64 unrolled copies
-            s = wq_slot(j);
+        for (int k = 0; k < int'(wr_count); k++) begin   // variable bound: kept a loop
+            s = wq_slot(k);
             if (!wq_err[s]) begin
                 for (int w = 0; w < 8; w++) begin
                     x = xorshift32(x);
-                    if (x[31] && wq_line[s] == line)
-                        v[w*64 +: 64] = (v[w*64 +: 64] & ~wq_mask[s][w*64 +: 64])
-                                        | (wq_data[s][w*64 +: 64] & wq_mask[s][w*64 +: 64]);
+                    strb[w*8 +: 8] = x[31] ? wq_strb[s][w*8 +: 8] : 8'h00;
                 end
+                pmem_store_write(store, 64'(wq_line[s]), wq_data[s], strb, 1'b0, 1'b0);
             end
         end
-        return v;
-    endfunction
+    endtask
 
     // ---------------------------------------------------------------- AXI acceptance
     logic ar_bad, aw_bad, ar_fire, aw_fire, w_drain_fire;
@@ -284,12 +280,7 @@ module pmem_media #(
         now <= now + 64'd1;
         pf_q <= power_fail;
         if (power_fail) begin
-            if (!pf_q) begin
-                for (int k = 0; k < int'(wr_count); k++)  // variable bound: kept a loop
-                    if (!wq_err[wq_slot(k)])
-                        mem[wq_line[wq_slot(k)]] <= torn_value(k, (tear_seed == 32'd0)
-                                                               ? TEAR_SEED_ZERO : tear_seed);
-            end
+            if (!pf_q) tear_in_flight((tear_seed == 32'd0) ? TEAR_SEED_ZERO : tear_seed);
             rq_head <= '0; rq_svc <= '0; rq_tail <= '0; rd_count <= '0; rd_pend <= '0;
             r_beat <= '0;
             wq_head <= '0; wq_svc <= '0; wq_tail <= '0; wr_count <= '0; wr_pend <= '0;
@@ -309,7 +300,7 @@ module pmem_media #(
                 wq_id[wq_tail] <= awid;
                 wq_line[wq_tail] <= LINE_W'(awaddr[ADDR_W-1:6]);
                 wq_err[wq_tail] <= aw_bad;
-                wq_mask[wq_tail] <= strobe_mask(wstrb);
+                wq_strb[wq_tail] <= wstrb;
                 wq_data[wq_tail] <= wdata;
                 wq_full[wq_tail] <= &wstrb;
                 wq_user[wq_tail] <= wuser;
@@ -357,10 +348,9 @@ module pmem_media #(
             // write response = persistence point
             if (b_fire) begin
                 if (!head_wr_err) begin
-                    mem[wq_line[wq_head]] <= (mem[wq_line[wq_head]] & ~wq_mask[wq_head])
-                                             | (wq_data[wq_head] & wq_mask[wq_head]);
-                    if (wq_user[wq_head]) poison[wq_line[wq_head]] <= 1'b1;
-                    else if (wq_full[wq_head]) poison[wq_line[wq_head]] <= 1'b0;
+                    // written at once: the refresh below reads the line after this write
+                    pmem_store_write(store, 64'(wq_line[wq_head]), wq_data[wq_head],
+                                     wq_strb[wq_head], wq_user[wq_head], wq_full[wq_head]);
                     stat_writes <= stat_writes + 32'd1;
                 end
                 wq_head <= wq_next(wq_head);
@@ -368,7 +358,7 @@ module pmem_media #(
             wr_count <= wr_count + WC_W'(aw_fire) - WC_W'(b_fire);
             wr_pend <= wr_pend + WC_W'(aw_fire) - WC_W'(start_wr);
 
-            // next head entry's line, with this edge's write applied
+            // next head entry's line, with this edge's write applied (it is in the store)
             begin
                 logic [RQ_W-1:0] nh;
                 logic [LINE_W-1:0] nl;
@@ -377,13 +367,7 @@ module pmem_media #(
                 nh = r_done ? rq_next(rq_head) : rq_head;
                 nl = (ar_fire && rq_tail == nh && rd_count == RC_W'(r_done))
                      ? LINE_W'(araddr[ADDR_W-1:6]) : rq_line[nh];
-                v = mem[nl];
-                u = poison[nl];
-                if (b_fire && !head_wr_err && wq_line[wq_head] == nl) begin
-                    v = (v & ~wq_mask[wq_head]) | (wq_data[wq_head] & wq_mask[wq_head]);
-                    if (wq_user[wq_head]) u = 1'b1;
-                    else if (wq_full[wq_head]) u = 1'b0;
-                end
+                u = pmem_store_read(store, 64'(nl), v);
                 rdata_q <= v;
                 ruser_q <= u;
             end

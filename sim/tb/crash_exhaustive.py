@@ -140,7 +140,7 @@ class ExhaustiveCrash:
             if not any(r.base <= line < r.end for r in host_loaded):
                 ch, local = split_line_address(line, chans)
                 self.scan[ch].append((line, local))
-        self.image: list[int] = []
+        self.image = None                  # (lines, 64) uint8: the PMEM image of S
         self.state = None
         self.result = {"cuts": 0, "consistent": 0, "inconsistent": 0, "lost_acknowledged_writes": 0,
                        "lost_durable_records": 0, "unverified_cuts": 0, "recovered_batches": {},
@@ -156,14 +156,14 @@ class ExhaustiveCrash:
         if problems or lost or res.emb_batches != self.k:
             raise AssertionError(f"state S: recovery after batch {self.k} (idle cut): {res}, {problems}")
         run.resume(res)
-        self.image = run.driver.backdoor.read_lines(0, self.used_end)
+        self.image = run.driver.backdoor.read_array(0, self.used_end)
         self.state = (run.acked_mlp, run.mlp_next_slot, run._tag)
 
     async def reset(self) -> None:
         """Back to S: idle power cycle, S's PMEM image, RECOVER, the host's state of S."""
         run = self.run
         await run.power_cycle(0)           # nothing in flight (the device is idle): nothing torn
-        run.driver.backdoor.write_lines(0, self.image)
+        run.driver.backdoor.write_array(0, self.image)
         acked_mlp, slot, tag = self.state
         run._tag = tag
         _, res = await run.recover()

@@ -176,8 +176,15 @@ def _long_bag(g, c):
 
 def _pitch_huge(g, c):
     """A row pitch whose B rows reach past the end from the outputs (LOOKUP) / gradients (UPDATE)."""
-    base = c.cmd.out_addr if c.op == "lookup" else c.cmd.grad_addr
-    low = min(max(1, (g.cap - base) // max(1, c.cmd.batch_size) + 1), 0xFFFF)
+    field = "out_addr" if c.op == "lookup" else "grad_addr"
+    batch = max(1, c.cmd.batch_size)
+    base = getattr(c.cmd, field)
+    if (g.cap - base) // batch + 1 > 0xFFFF:
+        # on a large device no 16-bit pitch reaches the end from here (the command would be
+        # legal, its rows somewhere else): the array starts nearer the end instead
+        base = g.cap - batch * 0x8000
+        c.cmd = c.cmd.replace(**{field: base})
+    low = max(1, (g.cap - base) // batch + 1)
     c.cmd = c.cmd.replace(row_pitch_lines=int(g.rng.integers(low, 1 << 16)))
 
 
