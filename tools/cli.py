@@ -145,7 +145,7 @@ def cmd_stress(args) -> int:
 
 
 # checkpoint_overhead_* runs: model -> (batch size, rows cap), the largest that fit the
-# 16 MiB simulated device with both logs (see sim/tb/overhead_tb.py).
+# 16 MiB simulated device of the time with both logs (see sim/tb/overhead_tb.py).
 OVERHEAD_RUNS = {"rm1": (64, 2048), "rm4": (512, 4096)}
 
 

@@ -41,8 +41,9 @@ inconsistent point's problems; the campaign stops there), ``verified`` (every po
 consistent, the final tables equal the golden model, no protocol violation), ``seed``,
 ``model``, ``schedule``, ``sim_cycles``, ``wall_seconds``, ``error``, ``trace_source``.
 
-The model must fit the default simulation device (16 MiB) with both logs: rm-tiny does;
-the MLP image of RM1-RM4 alone (68-142 MB) does not.
+The model must fit the default simulation device (1 GiB) with both logs: rm-tiny does, and
+so do rm1 and rm4 with their whole MLP images (68-142 MB), but a batch of theirs is millions
+of simulated cycles (minutes each); rm2 does not fit.
 """
 from __future__ import annotations
 
@@ -248,7 +249,7 @@ def add_crash_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``crash`` on an argparse subparsers object; returns the new parser."""
     p = subparsers.add_parser("crash", help="power-failure campaign: cut, recover, check, resume (JSON)",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="rm-tiny", help="DLRM preset (must fit the 16 MiB simulated device)")
+    p.add_argument("--model", default="rm-tiny", help="DLRM preset (must fit the 1 GiB simulated device)")
     p.add_argument("--points", type=positive_int, default=None,
                    help="power cuts to recover from (the random campaign)")
     p.add_argument("--seed", type=seed_int, default=None, help="campaign, trace and table seed")

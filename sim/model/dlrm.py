@@ -24,9 +24,9 @@ full table set fits the golden model on a 2-core / 24 GiB machine:
   ~1.0 GiB of fp32 tables (dim 128), terabyte ~0.5 GiB, rm4 ~0.23 GiB, kaggle ~0.11 GiB.
 - ``ROWS_RANDOM`` = 2**16 rows per table for RM1-RM3 (random datasets): RM1/RM3 160 MiB,
   RM2 640 MiB.
-- ``rm-tiny`` is 151 KiB of tables and fits the 16 MiB simulated device memory (with room
-  for logs and arguments). None of the other presets fits 16 MiB without a smaller
-  ``rows_cap`` (trace knob): e.g. rm1 at rows_cap 1024 is 2.5 MiB.
+- ``rm-tiny`` is 151 KiB of tables, for quick runs. The 1 GiB simulated device holds RM1-RM4
+  with their arguments (RM2 leaves no room for both checkpoint logs); a smaller ``rows_cap``
+  (trace knob) shrinks a preset: e.g. rm1 at rows_cap 1024 is 2.5 MiB.
 ``DlrmPreset.table_bytes`` reports a preset's fp32 table footprint.
 """
 from __future__ import annotations
