@@ -15,6 +15,7 @@ import random
 from collections import deque
 
 import cocotb
+import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
@@ -599,7 +600,6 @@ async def test_store_arrays(dut):
     """The C++ store's bulk backdoor: arrays across page boundaries round-trip with their
     poison bits, zeros allocate no page, a bad range raises IndexError and writes nothing, and
     an AXI read returns what the array write put there."""
-    import numpy as np
     rng = seeded_rng(dut, "store arrays")
     drv, ch = await start(dut, rng)
     assert ch.depth == DEPTH, f"store opened with {ch.depth} lines, the RTL has {DEPTH}"
@@ -639,7 +639,6 @@ async def test_store_arrays(dut):
 async def test_gigabyte_store(dut):
     """A media of DEPTH_LINES >= 2**24 (1 GiB): lines written over the whole range by AXI
     and by the backdoor cost one page each (the process stays small), and read back."""
-    import numpy as np
     assert DEPTH >= 1 << 24, "run with a 1 GiB media (tests/test_pmem_media.py)"
     rng = seeded_rng(dut, "gigabyte store")
     drv, ch = await start(dut, rng)

@@ -73,6 +73,30 @@ def test_relaxed_mlp_log_hides_when_the_window_is_free():
     assert chunk == pytest.approx((w1 - w0) * 4096 / 14_000, rel=0.01)   # window cycles x measured lines/cycle
 
 
+def test_mlp_log_interval_gives_every_configuration_the_same_recovery_point():
+    """K = 1 is the baselines' own policy; K > 1 is the mean of one batch that copies the
+    whole image and K - 1 that do not; CXL then logs at least image/K lines per batch."""
+    mlp = mlp_timing("rm1", WORK.batch_size, MEAS.clock_mhz)
+    bare_work = Workload(**{**WORK.__dict__, "image_lines": 0})
+    for c in ("pmem", "pcie", "cxl-d", "cxl-b"):
+        own = compose(c, WORK, MEAS, mlp)
+        assert compose(c, WORK, MEAS, mlp, mlp_interval=1).batch_time_ms == pytest.approx(own.batch_time_ms)
+        bare = compose(c, bare_work, MEAS, mlp).batch_time_ms
+        times = [compose(c, WORK, MEAS, mlp, mlp_interval=k) for k in (8, 64)]
+        for k, r in zip((8, 64), times):
+            assert r.batch_time_ms == pytest.approx((own.batch_time_ms + (k - 1) * bare) / k), (c, k)
+            assert sum(r.breakdown_ms.values()) == pytest.approx(r.batch_time_ms)
+            assert sum(r.energy_breakdown_mj.values()) == pytest.approx(r.energy_mj)
+        assert own.batch_time_ms > times[0].batch_time_ms > times[1].batch_time_ms > bare, c
+    every = compose("cxl", WORK, MEAS, mlp, mlp_interval=1)
+    assert every.extra["mlp_log_chunk_lines"] == WORK.image_lines and every.extra["mlp_log_lag_batches"] == 1
+    assert every.batch_time_ms > compose("cxl", WORK, MEAS, mlp).batch_time_ms
+    eight = compose("cxl", WORK, MEAS, mlp, mlp_interval=8)
+    assert eight.extra["mlp_log_lag_batches"] <= 8 and eight.extra["mlp_log_interval"] == 8
+    with pytest.raises(ValueError, match="mlp_interval"):
+        compose("cxl-d", WORK, MEAS, mlp, mlp_interval=0)
+
+
 def test_cpu_model_bounds():
     p = DEFAULT_PARAMS
     # Latency bound: 72 misses in flight at 240 ns -> 0.3 lines/ns over 2 channels of 15.36 GB/s = 0.48 lines/ns.
@@ -130,7 +154,8 @@ def test_golden_training_loss_falls():
 # ---- the command
 def _args(**kw):
     base = dict(models="rm1", configs="pmem,cxl", batches=3, seed=1, json="x.json", report=None,
-                batch_size=None, rows_cap=None, mlp_probe=4096, recompose=None)
+                batch_size=None, rows_cap=None, mlp_probe=4096, recompose=None, scale="default",
+                sweep_batch_sizes=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -138,7 +163,10 @@ def _args(**kw):
 @pytest.mark.parametrize("kw,match", [({"models": "rm9"}, "unknown model rm9"),
                                       ({"configs": "cxl,ssd"}, "unknown configuration ssd"),
                                       ({"batches": 0}, "--batches"),
-                                      ({"rows_cap": 0}, "--rows-cap")])
+                                      ({"rows_cap": 0}, "--rows-cap"),
+                                      ({"sweep_batch_sizes": "64,x"}, "--sweep-batch-sizes takes a comma list"),
+                                      ({"sweep_batch_sizes": "0"}, "--sweep-batch-sizes takes a comma list"),
+                                      ({"scale": "paper", "trace": "t.npz"}, "--scale paper applies to generated")])
 def test_bad_requests_are_one_line_errors(kw, match):
     from tools.eval_cmd import EvalError, check_request
     with pytest.raises(EvalError, match=match):
@@ -167,7 +195,7 @@ def test_reduced_eval_on_the_rtl(tmp_path):
     from tools.eval_cmd import main
     out = tmp_path / "eval.json"
     rc = main(_args(models="rm-tiny,rm4", configs="pmem,pcie,cxl-d,cxl-b,cxl", batches=2, batch_size=8,
-                    rows_cap=256, json=str(out), report=str(tmp_path / "report")))
+                    rows_cap=256, json=str(out), report=str(tmp_path / "report"), sweep_batch_sizes="4,8"))
     res = json.loads(out.read_text())
     assert rc == 0, [r.get("error") for r in res["results"]]
     assert len(res["results"]) == 10 and all(r["verified"] for r in res["results"])
@@ -175,11 +203,29 @@ def test_reduced_eval_on_the_rtl(tmp_path):
         assert r["batch_time_ms"] > 0 and len(r["loss"]) == 2
     assert (tmp_path / "report" / "report.md").exists()
     assert (tmp_path / "report" / "fig11_speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The sensitivity: every K row and both batch sizes (8 = the main runs, not simulated twice),
+    # each ratio per model and as a geomean, in the report with its figure.
+    sens = res["sensitivity"]
+    assert [r["mlp_interval"] for r in sens["mlp_interval"]] == ["own", 1, 8, 64, 1024]
+    assert sorted({r["batch_size"] for r in sens["batch_size"]}) == [4, 8]
+    assert list(res["meta"]["sweep_runs"]) == ["4"]
+    for row in sens["mlp_interval"] + sens["batch_size"]:
+        for name in ("cxl_over_pmem", "cxl_d_over_pcie", "cxl_over_cxl_b"):
+            assert set(row[name]) == {"rm-tiny", "rm4", "geomean"} and row[name]["geomean"] > 0
+    own8 = next(r for r in sens["batch_size"] if r["batch_size"] == 8 and r["mlp_interval"] == "own")
+    assert own8["cxl_over_pmem"] == sens["mlp_interval"][0]["cxl_over_pmem"]
+    pmem = {r["model"]: r["batch_time_ms"] for r in res["results"] if r["config"] == "pmem"}
+    cxl = {r["model"]: r["batch_time_ms"] for r in res["results"] if r["config"] == "cxl"}
+    assert sens["mlp_interval"][0]["cxl_over_pmem"]["rm4"] == pytest.approx(pmem["rm4"] / cxl["rm4"])
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Sensitivity" in md and "(fig_sensitivity.png)" in md
+    assert (tmp_path / "report" / "fig_sensitivity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The stored runs compose again without simulating, to the same figures.
     again = tmp_path / "again.json"
     assert main(_args(recompose=str(out), json=str(again))) == 0
     redo = json.loads(again.read_text())
     assert [r["batch_time_ms"] for r in redo["results"]] == [r["batch_time_ms"] for r in res["results"]]
+    assert redo["sensitivity"] == res["sensitivity"]
 
 
 def test_batch_workload_counts():

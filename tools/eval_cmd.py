@@ -60,6 +60,14 @@ SETUP = {"rm1": {"batch_size": 64, "rows_cap": 2048},
          "rm3": {"batch_size": 64, "rows_cap": 2048},
          "rm4": {"batch_size": 64, "rows_cap": 4096},
          "rm-tiny": {"batch_size": None, "rows_cap": None}}
+# --scale paper: batch 512 (DLRM's reference runs use 128-2048; 512 is inside that range and the
+# largest whose four models run in a few hours on one 2-core machine) and every preset's whole
+# tables (2**16 rows per table for RM1-RM3; RM4's real cardinalities capped at 2**18, smaller
+# real tables keep their size), on the 1 GiB simulated device. The sweep adds the batch sizes of
+# the sensitivity table. Nothing here is tuned to a paper figure.
+PAPER_SETUP = {m: {"batch_size": 512, "rows_cap": None} for m in MODELS}
+PAPER_SWEEP = (64, 128, 256)
+SCALES = ("default", "paper")
 PAPER = {"speedup_cxl_over_pmem_avg": 5.2, "cxl_d_over_pcie": 1.23, "cxl_over_cxl_b": 1.14,
          "energy_saving_vs_pmem": 0.76}
 DEFAULT_MLP_PROBE = 4096
@@ -85,6 +93,12 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--rows-cap", type=positive_int, default=None, help="override every model's rows per table")
     p.add_argument("--mlp-probe", type=positive_int, default=DEFAULT_MLP_PROBE,
                    help="MLP image lines MLP_LOG copies on the RTL (the whole image's time is scaled)")
+    p.add_argument("--scale", choices=SCALES, default="default",
+                   help="paper: batch 512 and the presets' whole tables, plus a batch-size sweep "
+                        f"({','.join(map(str, PAPER_SWEEP))}) for the sensitivity table; runs for hours")
+    p.add_argument("--sweep-batch-sizes", default=None, metavar="B,B,..",
+                   help="also simulate these batch sizes for the sensitivity table (default: none; "
+                        "with --scale paper: " + ",".join(map(str, PAPER_SWEEP)) + ")")
     p.add_argument("--recompose", metavar="JSON", default=None,
                    help="no simulation: compose the runs stored in an earlier eval JSON with the current parameters")
     p.set_defaults(func=main)
@@ -112,6 +126,7 @@ def check_request(args) -> tuple[list[str], list[str]]:
                                 f"(re-import with {flag})")
     elif args.batches is None:
         args.batches = 3
+    args.sweep = parse_sweep(args)
     if args.batches is not None and args.batches < 1:
         raise EvalError(f"--batches must be >= 1, got {args.batches}")
     for name in ("batch_size", "rows_cap", "mlp_probe"):
@@ -121,11 +136,29 @@ def check_request(args) -> tuple[list[str], list[str]]:
     return models, configs
 
 
+def parse_sweep(args) -> list[int]:
+    """The extra batch sizes of the sensitivity sweep (--sweep-batch-sizes, or PAPER_SWEEP)."""
+    text = getattr(args, "sweep_batch_sizes", None)
+    paper = getattr(args, "scale", "default") == "paper"
+    if getattr(args, "trace", None) and (text is not None or paper):
+        raise EvalError(f"{'--scale paper' if paper else '--sweep-batch-sizes'} applies to generated traces; "
+                        "a --trace file fixes the batch size and rows")
+    if text is None:
+        return list(PAPER_SWEEP) if paper else []
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(b < 1 for b in sizes):
+        raise EvalError(f"--sweep-batch-sizes takes a comma list of positive batch sizes, got {text!r}")
+    return sorted(set(sizes))
+
+
 def knobs_of(model: str, args) -> dict:
     bound = getattr(args, "bound_traces", {}).get(model)
     if bound is not None:
         return {"batch_size": bound[1].batch_size, "rows_cap": None}
-    s = SETUP[model]
+    s = (PAPER_SETUP if getattr(args, "scale", "default") == "paper" else SETUP)[model]
     return {"batch_size": args.batch_size or s["batch_size"], "rows_cap": args.rows_cap or s["rows_cap"]}
 
 
@@ -256,11 +289,23 @@ def simulate(args, models: list[str], configs: list[str]) -> dict:
     return runs
 
 
+def simulate_sweep(args, models: list[str], configs: list[str]) -> dict:
+    """{batch size: simulate(...)} for the sweep's batch sizes other than the main runs'."""
+    out = {}
+    for b in args.sweep:
+        from sim.model.dlrm import get_preset
+        if all((knobs_of(m, args)["batch_size"] or get_preset(m).batch_size) == b for m in models):
+            continue                        # the main runs are that point
+        print(f"[eval] sensitivity sweep: batch size {b}", file=sys.stderr, flush=True)
+        out[str(b)] = simulate(argparse.Namespace(**{**vars(args), "batch_size": b}), models, configs)
+    return out
+
+
 NOTES = [
     "Device command cycles are measured on the RTL (completion NDP_LAST_CYCLES); links, GPU MLP time, host "
     "CPU and software costs are composed around them (sim/model/system_timing.py).",
-    "The MLP image does not fit the simulated device: MLP_LOG copies a probe of it on the RTL and the "
-    "whole image's copy time is the measured per-line time times the image lines.",
+    "MLP_LOG copies a probe of the MLP image on the RTL (the whole image would add millions of simulated "
+    "cycles per batch) and the whole image's copy time is the measured per-line time times the image lines.",
     "PMEM: the host computes the golden model's embedding operators, so its 'verified' is the exact-order run's.",
     "Steady state: the mean of batches 1..N-1 (batch 0 warms up).",
 ]
@@ -268,6 +313,7 @@ NOTES = [
 
 def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict) -> dict:
     from sim.model.system_params import describe
+    from tools.eval_sensitivity import sensitivity
     results = []
     sources = meta.get("trace_sources") or {}
     for model in models:
@@ -275,7 +321,13 @@ def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict) -
     for r in results:           # the command's record (file and input hashes) over the bench's short one
         r["trace_source"] = sources.get(r["model"]) or r.get("trace_source")
     clock = next((r.get("clock_mhz") for r in results if r.get("clock_mhz")), 500)
+    by_batch = {str(b): r for b, r in (meta.get("sweep_runs") or {}).items()}
+    if by_batch:                # the main runs are one more point of the batch-size sweep
+        main_b = next((r.get("batch_size") for r in results if r.get("batch_size")), None)
+        if main_b is not None:
+            by_batch.setdefault(str(main_b), runs)
     return {"results": results,
+            "sensitivity": sensitivity(runs, models, by_batch),
             "meta": {**meta, "models": models, "configs": configs, "clock_mhz": clock, "paper": PAPER,
                      "notes": NOTES, "params": describe(), "runs": runs}}
 
@@ -287,6 +339,7 @@ def evaluate(args) -> dict:
             old["meta"]["runs"], old["meta"]["models"], old["meta"]["configs"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise EvalError(f"--recompose {args.recompose}: not an eval JSON with stored runs ({e})") from None
+        # sweep_runs stay in meta: the sensitivity table is composed again from them too
         meta = {k: v for k, v in old["meta"].items() if k not in ("runs", "params", "notes", "paper")}
         print(f"[eval] recomposing the runs in {args.recompose} with the current parameters",
               file=sys.stderr, flush=True)
@@ -296,11 +349,18 @@ def evaluate(args) -> dict:
         sources = bind_traces(args, models, pathlib.Path(tmp))
         for model in models:
             check_fits(model, args)
+        for b in args.sweep:                # every sweep point fits too, before anything runs
+            for model in models:
+                check_fits(model, argparse.Namespace(**{**vars(args), "batch_size": b}))
         t0 = time.perf_counter()
         runs = simulate(args, models, configs)
-    meta = {"batches": args.batches, "seed": args.seed, "setup": {m: knobs_of(m, args) for m in models},
+        sweep_runs = simulate_sweep(args, models, configs)
+    meta = {"batches": args.batches, "seed": args.seed, "scale": args.scale,
+            "setup": {m: knobs_of(m, args) for m in models},
             "mlp_probe_lines": args.mlp_probe, "wall_seconds": round(time.perf_counter() - t0, 1),
             "trace_sources": sources}
+    if sweep_runs:
+        meta["sweep_runs"] = sweep_runs
     return compose_all(runs, models, configs, meta)
 
 
@@ -327,6 +387,9 @@ def main(args) -> int:
     result = evaluate(args)             # an EvalError is a CliError: one line, exit status 2
     write_json(args.json, result)
     print(text_table(result))
+    if result.get("sensitivity"):
+        from tools.eval_sensitivity import text_rows
+        print("\n".join(["sensitivity (geomean over the models):"] + text_rows(result["sensitivity"])))
     if args.report:
         for path in write_report(result, pathlib.Path(args.report)):
             print(f"wrote {path}")

@@ -47,6 +47,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 
 CONFIG_ORDER = ("pmem", "pcie", "cxl-d", "cxl-b", "cxl")
 CONFIG_LABELS = {"pmem": "PMEM", "pcie": "PCIe", "cxl-d": "CXL-D", "cxl-b": "CXL-B", "cxl": "CXL"}
@@ -518,6 +519,18 @@ def _markdown(result: dict, figs: dict[str, str]) -> str:
     md += [f"- {_md_cell(x)}" for x in checks] if checks else ["None found (sums, speedups, timeline extent)."]
     md += [""]
 
+    sens = result.get("sensitivity")
+    if sens:
+        from tools.eval_sensitivity import text_rows
+        md += ["## Sensitivity", "",
+               "The paper's three ratios (geometric mean over the models; batch time of the first "
+               "configuration over the second) when every configuration logs the whole MLP image every K "
+               "batches (the same recovery point for all), next to each configuration's own policy (the "
+               "paper's: every batch, CXL over up to 1024 batches), and per simulated batch size. The "
+               "JSON's `sensitivity` has the per-model values.", ""]
+        md += text_rows(sens) + [""]
+        if "sensitivity" in figs:
+            md += [f"![Sensitivity]({figs['sensitivity']})", ""]
     md += ["## Figures", "", f"![Fig. 11 speedup over PMEM]({figs['fig11']})", "",
            f"![Fig. 13 energy per batch normalised to PMEM]({figs['fig13']})", ""]
     md += [f"- [{m} timeline]({figs[m]})" for m in models if m in figs] + [""]
@@ -734,6 +747,38 @@ def _fig13(result: dict, path: pathlib.Path) -> None:
     _save(fig, path)
 
 
+def _fig_sensitivity(sens: dict, path: pathlib.Path) -> None:
+    """Geomean ratios against the MLP-log interval K (left) and the batch size (right, own
+    policies), the paper's figures as dotted lines."""
+    from tools.eval_sensitivity import OWN_POLICY, PAPER_RATIOS, RATIOS
+    by_k = [r for r in sens.get("mlp_interval", []) if r["mlp_interval"] != OWN_POLICY]
+    by_b = [r for r in sens.get("batch_size", []) if r["mlp_interval"] == OWN_POLICY]
+    panels = [("MLP log every K batches (all configurations)", "K", by_k, "mlp_interval")]
+    if by_b:
+        panels.append(("batch size (own MLP-log policies)", "batch size", by_b, "batch_size"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (title, xlabel, rows, key) in zip(axes[0], panels):
+        for i, name in enumerate(RATIOS):
+            pts = [(r[key], r[name]["geomean"]) for r in rows if name in r]
+            if not pts:
+                continue
+            color = f"C{i}"
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", color=color, label=name)
+            ax.axhline(PAPER_RATIOS[name], color=color, linestyle=":", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("ratio (geomean over models)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(linewidth=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Sensitivity of the headline ratios (dotted: the paper's figures)")
+    fig.tight_layout()
+    _save(fig, path)
+
+
 # ----------------------------------------------------------------------------- entry points
 def write_report(result: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
     """Write report.md and the figures into out_dir; return the paths (report.md, fig11, fig12_*, fig13)."""
@@ -757,10 +802,13 @@ def write_report(result: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
         for m in models:
             _fig12(result, m, out_dir / names[m], extra_phases)
         _fig13(result, out_dir / names["fig13"])
+        if result.get("sensitivity"):
+            names["sensitivity"] = "fig_sensitivity.png"
+            _fig_sensitivity(result["sensitivity"], out_dir / names["sensitivity"])
     report = out_dir / "report.md"
     report.write_text(_markdown(result, names), encoding="utf-8")
     return ([report, out_dir / names["fig11"]] + [out_dir / names[m] for m in models]
-            + [out_dir / names["fig13"]])
+            + [out_dir / names["fig13"]] + ([out_dir / names["sensitivity"]] if "sensitivity" in names else []))
 
 
 def main(argv: list[str] | None = None) -> int:

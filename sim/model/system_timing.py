@@ -54,6 +54,7 @@ otherwise; none in the PMEM configuration).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -150,9 +151,18 @@ class _Timeline:
                    if i["lane"] == lane and (phases is None or i["phase"] in phases))
 
 
-def compose(config: str, w: Workload, m: Measured, mlp, params: SystemParams = DEFAULT_PARAMS) -> BatchResult:
+def compose(config: str, w: Workload, m: Measured, mlp, params: SystemParams = DEFAULT_PARAMS,
+            mlp_interval: int | None = None) -> BatchResult:
+    """``mlp_interval`` K: one whole MLP image is logged every K batches, the same recovery
+    point for every configuration (None: each configuration's own policy, the paper's: every
+    batch for pmem..cxl-b, cxl spreading one image over up to MAX_MLP_LAG batches)."""
     if config not in CONFIGS:
         raise ValueError(f"config must be one of {CONFIGS}, got {config!r}")
+    if mlp_interval is not None and mlp_interval < 1:
+        raise ValueError(f"mlp_interval must be >= 1, got {mlp_interval}")
+    if mlp_interval is not None and config != "cxl":
+        return _every_k_batches(config, w, m, mlp, params, mlp_interval)
+    max_lag = MAX_MLP_LAG if mlp_interval is None else mlp_interval
     sw, pcie, cxl = params.software, params.pcie, params.cxl
     t_mlp = mlp.seconds * 1e3
     t_lk, t_lk_rel = m.ms(m.lookup_cycles), m.ms(m.lookup_relaxed_cycles)
@@ -244,11 +254,12 @@ def compose(config: str, w: Workload, m: Measured, mlp, params: SystemParams = D
             tl.add("link", "transfer", d - t_lk_rel, max(t_lk_rel, transfer_ms(cxl, w.output_bytes)))
             w0, w1 = (mlp_start + m.ms(c) for c in mlp.window)
             free = max(0.0, w1 - max(w0, d))
-            chunk = min(max(free / mlp_ms_per_line, w.image_lines / MAX_MLP_LAG), w.image_lines)
+            chunk = min(max(free / mlp_ms_per_line, w.image_lines / max_lag), w.image_lines)
             link_bytes["cxl"] += chunk * 64
             dm = tl.add("device", "mlp_log", max(w0, d), chunk * mlp_ms_per_line)
             extra.update(mlp_log_chunk_lines=int(chunk),
-                         mlp_log_lag_batches=math.ceil(w.image_lines / chunk) if chunk else 0)
+                         mlp_log_lag_batches=math.ceil(w.image_lines / chunk) if chunk else 0,
+                         **({} if mlp_interval is None else {"mlp_log_interval": mlp_interval}))
             over = max(0.0, dm - t)                                      # device work the MLP did not hide
             over_chunk = min(over, chunk * mlp_ms_per_line)
             over_lookup = min(over - over_chunk, t_lk_rel)
@@ -264,6 +275,23 @@ def compose(config: str, w: Workload, m: Measured, mlp, params: SystemParams = D
     images = 1.0 / extra["mlp_log_lag_batches"] if extra.get("mlp_log_lag_batches") else 1.0
     energy = _energy(config, batch, tl, w, link_bytes, images, params)
     return BatchResult(config, batch, {k: v for k, v in bd.items()}, tl.items, sum(energy.values()), energy, extra)
+
+
+def _every_k_batches(config: str, w: Workload, m: Measured, mlp, params: SystemParams, k: int) -> BatchResult:
+    """The mean batch of K: one copies the whole MLP image at its end (as the paper's policy
+    does every batch), K - 1 log only the embedding rows. Its timeline is the copying batch's."""
+    full = compose(config, w, m, mlp, params)
+    if k == 1:
+        return dataclasses.replace(full, extra={**full.extra, "mlp_log_interval": 1})
+    bare = compose(config, dataclasses.replace(w, image_lines=0), m, mlp, params)
+
+    def mean(a, b):
+        return (a + (k - 1) * b) / k
+    return BatchResult(config, mean(full.batch_time_ms, bare.batch_time_ms),
+                       {key: mean(v, bare.breakdown_ms[key]) for key, v in full.breakdown_ms.items()},
+                       full.timeline, mean(full.energy_mj, bare.energy_mj),
+                       {key: mean(v, bare.energy_breakdown_mj[key]) for key, v in full.energy_breakdown_mj.items()},
+                       {**full.extra, "mlp_log_interval": k})
 
 
 def _energy(config: str, batch: float, tl: _Timeline, w: Workload, link_bytes: dict, images: float,

@@ -1,0 +1,96 @@
+"""The evaluation's sensitivity tables: the paper's three headline ratios against the MLP-log
+interval and against the batch size, composed from measured runs (no simulation here).
+
+Ratios (batch time of the first configuration over the second, per model and their
+geometric mean): ``cxl_over_pmem`` (the paper: 5.2x), ``cxl_d_over_pcie`` (1.23) and
+``cxl_over_cxl_b`` (1.14).
+
+- ``interval_rows(runs, models, intervals)``: one row per MLP-log interval K (a whole MLP
+  image logged every K batches by every configuration, the same recovery point for all;
+  sim/model/system_timing.py ``compose(mlp_interval=K)``), plus a first row with each
+  configuration's own policy (the paper's: every batch for PMEM..CXL-B, CXL over up to
+  MAX_MLP_LAG batches).
+- ``batch_rows(runs_by_batch, models)``: one row per simulated batch size (``eval
+  --sweep-batch-sizes``), each configuration with its own policy and at K = 1.
+
+A row is ``{"mlp_interval" | "batch_size": ..., ratio: {model: x, "geomean": g}}``; a ratio
+whose runs are missing (a configuration not evaluated) is left out.
+"""
+from __future__ import annotations
+
+import math
+
+RATIOS = {"cxl_over_pmem": ("pmem", "cxl"), "cxl_d_over_pcie": ("pcie", "cxl-d"),
+          "cxl_over_cxl_b": ("cxl-b", "cxl")}
+PAPER_RATIOS = {"cxl_over_pmem": 5.2, "cxl_d_over_pcie": 1.23, "cxl_over_cxl_b": 1.14}
+DEFAULT_INTERVALS = (1, 8, 64, 1024)
+OWN_POLICY = "own"                   # the mlp_interval label of each configuration's own policy
+
+
+def batch_times(runs: dict, model: str, mlp_interval: int | None) -> dict:
+    """{config: batch time (ms)} of one model's runs ({order: training_eval result})."""
+    from sim.bfm.gpu_agent import mlp_timing
+    from sim.model.system_timing import CONFIGS, compose
+    from tools.eval_cmd import measured_of
+    out = {}
+    for config in CONFIGS:
+        order = "relaxed" if config == "cxl" else "exact"
+        run = runs.get(order) or {}
+        if not run.get("commands"):
+            continue
+        m, w = measured_of(runs.get("exact"), runs.get("relaxed"), order)
+        out[config] = compose(config, w, m, mlp_timing(model, w.batch_size, m.clock_mhz),
+                              mlp_interval=mlp_interval).batch_time_ms
+    return out
+
+
+def ratio_row(runs: dict, models: list[str], mlp_interval: int | None) -> dict:
+    times = {model: batch_times(runs[model], model, mlp_interval) for model in models}
+    row = {}
+    for name, (slow, fast) in RATIOS.items():
+        per = {model: t[slow] / t[fast] for model, t in times.items() if slow in t and fast in t}
+        if per:
+            per["geomean"] = math.exp(sum(math.log(v) for v in per.values()) / len(per))
+            row[name] = per
+    return row
+
+
+def interval_rows(runs: dict, models: list[str], intervals=DEFAULT_INTERVALS) -> list[dict]:
+    return [{"mlp_interval": OWN_POLICY if k is None else k, **ratio_row(runs, models, k)}
+            for k in (None, *intervals)]
+
+
+def batch_rows(runs_by_batch: dict, models: list[str]) -> list[dict]:
+    rows = []
+    for batch_size in sorted(runs_by_batch, key=int):
+        runs = runs_by_batch[batch_size]
+        for k in (None, 1):
+            rows.append({"batch_size": int(batch_size), "mlp_interval": OWN_POLICY if k is None else k,
+                         **ratio_row(runs, [m for m in models if m in runs], k)})
+    return rows
+
+
+def sensitivity(runs: dict, models: list[str], runs_by_batch: dict | None = None) -> dict:
+    """The ``sensitivity`` object of the eval JSON."""
+    out = {"paper": PAPER_RATIOS, "ratios": {k: f"{a} / {b} batch time" for k, (a, b) in RATIOS.items()},
+           "mlp_interval": interval_rows(runs, models)}
+    if runs_by_batch:
+        out["batch_size"] = batch_rows(runs_by_batch, models)
+    return out
+
+
+def text_rows(sens: dict) -> list[str]:
+    """Markdown table lines: geomean ratios per row, the paper's figures in the header."""
+    head = ["setting"] + [f"{k} (paper {PAPER_RATIOS[k]})" for k in RATIOS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    def every(k):
+        return "MLP log every batch" if k == 1 else f"MLP log every {k} batches"
+    rows = [(every(r["mlp_interval"]) if r["mlp_interval"] != OWN_POLICY
+             else "each configuration's own MLP-log policy", r) for r in sens.get("mlp_interval", [])]
+    rows += [(f"batch {r['batch_size']}, " + ("own policy" if r["mlp_interval"] == OWN_POLICY
+                                               else every(r["mlp_interval"])), r)
+             for r in sens.get("batch_size", [])]
+    for label, r in rows:
+        cells = [f"{r[k]['geomean']:.2f}x" if k in r else "-" for k in RATIOS]
+        lines.append("| " + " | ".join([label] + cells) + " |")
+    return lines
