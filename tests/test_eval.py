@@ -226,6 +226,20 @@ def test_reduced_eval_on_the_rtl(tmp_path):
     redo = json.loads(again.read_text())
     assert [r["batch_time_ms"] for r in redo["results"]] == [r["batch_time_ms"] for r in res["results"]]
     assert redo["sensitivity"] == res["sensitivity"]
+    # Models evaluated by separate commands merge: split the stored runs by model, recompose both.
+    parts = []
+    for model in ("rm-tiny", "rm4"):
+        meta = {**res["meta"], "models": [model], "runs": {model: res["meta"]["runs"][model]},
+                "sweep_runs": {b: {model: r[model]} for b, r in res["meta"]["sweep_runs"].items()}}
+        parts.append(tmp_path / f"{model}.json")
+        parts[-1].write_text(json.dumps({"results": [], "meta": meta}))
+    merged = tmp_path / "merged.json"
+    assert main(_args(recompose=f"{parts[0]},{parts[1]}", json=str(merged))) == 0
+    merged = json.loads(merged.read_text())
+    assert merged["results"] == redo["results"] and merged["sensitivity"] == res["sensitivity"]
+    from tools.eval_cmd import EvalError
+    with pytest.raises(EvalError, match="already in an earlier file"):
+        main(_args(recompose=f"{parts[0]},{parts[0]}", json=str(tmp_path / "never.json")))
 
 
 def test_batch_workload_counts():

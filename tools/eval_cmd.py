@@ -99,8 +99,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--sweep-batch-sizes", default=None, metavar="B,B,..",
                    help="also simulate these batch sizes for the sensitivity table (default: none; "
                         "with --scale paper: " + ",".join(map(str, PAPER_SWEEP)) + ")")
-    p.add_argument("--recompose", metavar="JSON", default=None,
-                   help="no simulation: compose the runs stored in an earlier eval JSON with the current parameters")
+    p.add_argument("--recompose", metavar="JSON[,JSON..]", default=None,
+                   help="no simulation: compose the runs stored in earlier eval JSONs (several: their models "
+                        "merged) with the current parameters")
     p.set_defaults(func=main)
 
 
@@ -332,18 +333,51 @@ def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict) -
                      "notes": NOTES, "params": describe(), "runs": runs}}
 
 
-def evaluate(args) -> dict:
-    if args.recompose:
+def load_stored_runs(spec: str) -> tuple[dict, list[str], list[str], dict]:
+    """(runs, models, configs, meta) of one eval JSON, or of several (comma list: e.g. models
+    evaluated by separate commands) merged: same batches, seed and configurations; each model
+    in one file only; sweep runs merged per batch size."""
+    merged = None
+    for name in [x for x in spec.split(",") if x]:
         try:
-            old = json.loads(pathlib.Path(args.recompose).read_text())
-            old["meta"]["runs"], old["meta"]["models"], old["meta"]["configs"]
+            old = json.loads(pathlib.Path(name).read_text())
+            runs, models, configs = old["meta"]["runs"], old["meta"]["models"], old["meta"]["configs"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise EvalError(f"--recompose {args.recompose}: not an eval JSON with stored runs ({e})") from None
+            raise EvalError(f"--recompose {name}: not an eval JSON with stored runs ({e})") from None
         # sweep_runs stay in meta: the sensitivity table is composed again from them too
         meta = {k: v for k, v in old["meta"].items() if k not in ("runs", "params", "notes", "paper")}
+        if merged is None:
+            merged = (dict(runs), list(models), list(configs), meta)
+            continue
+        m_runs, m_models, m_configs, m_meta = merged
+        for key in ("batches", "seed"):
+            if meta.get(key) != m_meta.get(key):
+                raise EvalError(f"--recompose {name}: {key} {meta.get(key)} differs from the first file's "
+                                f"{m_meta.get(key)}")
+        if configs != m_configs:
+            raise EvalError(f"--recompose {name}: configurations {','.join(configs)} differ from the first "
+                            f"file's {','.join(m_configs)}")
+        if set(models) & set(m_models):
+            raise EvalError(f"--recompose {name}: model(s) {','.join(sorted(set(models) & set(m_models)))} "
+                            f"already in an earlier file")
+        m_runs.update(runs)
+        m_models += models
+        for b, sweep in (meta.get("sweep_runs") or {}).items():
+            m_meta.setdefault("sweep_runs", {}).setdefault(b, {}).update(sweep)
+        for key in ("setup", "trace_sources"):
+            m_meta.setdefault(key, {}).update(meta.get(key) or {})
+        m_meta["wall_seconds"] = (m_meta.get("wall_seconds") or 0) + (meta.get("wall_seconds") or 0)
+    if merged is None:
+        raise EvalError("--recompose: no file given")
+    return merged
+
+
+def evaluate(args) -> dict:
+    if args.recompose:
+        runs, models, configs, meta = load_stored_runs(args.recompose)
         print(f"[eval] recomposing the runs in {args.recompose} with the current parameters",
               file=sys.stderr, flush=True)
-        return compose_all(old["meta"]["runs"], old["meta"]["models"], old["meta"]["configs"], meta)
+        return compose_all(runs, models, configs, meta)
     models, configs = check_request(args)
     with tempfile.TemporaryDirectory() as tmp:
         sources = bind_traces(args, models, pathlib.Path(tmp))
