@@ -98,7 +98,7 @@ def add_eval_parser(sub) -> None:
                         f"({','.join(map(str, PAPER_SWEEP))}) for the sensitivity table; runs for hours")
     p.add_argument("--sweep-batch-sizes", default=None, metavar="B,B,..",
                    help="also simulate these batch sizes for the sensitivity table (default: none; "
-                        "with --scale paper: " + ",".join(map(str, PAPER_SWEEP)) + ")")
+                        "with --scale paper: " + ",".join(map(str, PAPER_SWEEP)) + "; '' for none)")
     p.add_argument("--recompose", metavar="JSON[,JSON..]", default=None,
                    help="no simulation: compose the runs stored in earlier eval JSONs (several: their models "
                         "merged) with the current parameters")
@@ -146,6 +146,8 @@ def parse_sweep(args) -> list[int]:
                         "a --trace file fixes the batch size and rows")
     if text is None:
         return list(PAPER_SWEEP) if paper else []
+    if not text.strip():                    # given empty: no sweep, even with --scale paper
+        return []
     try:
         sizes = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
