@@ -43,10 +43,12 @@ class DeviceConfig:
     lookup_units: int = 3                   # LOOKUP reduce units (16 FP32 lanes and a memory port each)
     lookup_rob_depth: int = 128             # row lines in flight per lookup unit
     update_scratch_lines: int = 1024        # UPDATE row scratchpad (64 KiB)
-    # LOG: distinct rows tracked per pass (4 ways x 55 bits: 1.8 Mbit of block RAM). Every
-    # pass streams the whole index array and a pass fits about 1/8 of this many keys, so
-    # 4096 made an rm1 batch of 16k distinct rows take ~200 passes (2M cycles).
-    log_set_entries: int = 32768
+    # LOG: distinct rows tracked per pass (4 ways x 55 bits: 14.4 Mbit, ~56 URAM288 of the
+    # XCU200's 960). Every pass streams the whole index array and a pass fits about 1/8 of
+    # this many keys: 4096 made an rm1 batch of 16k distinct rows take ~200 passes (2M
+    # cycles); 32768 made rm1 at batch 256 (~130k distinct rows, 65536 rows per table) take
+    # ~60 passes. Paper-scale batches (issue 14) need this many.
+    log_set_entries: int = 262144
     # FP32 units of LOOKUP and UPDATE (hw/common/fp32.py): "compact" (FMA 5 / divide 10
     # cycles, up to 29 LUT levels per stage) or "deep" (12 / 18 cycles, <= 6 levels: what a
     # 250 MHz UltraScale+ clock needs). Results are identical; only timing differs.

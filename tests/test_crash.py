@@ -24,7 +24,7 @@ from sim.tb.crash_tb import PHASES
 
 def _args(**kw):
     base = dict(model="rm-tiny", points=7, seed=None, json=None, phases=",".join(PHASES), schedule="cxl-b",
-                rows_cap=None, batch_size=None)
+                rows_cap=None, batch_size=None, chunk_points=None, workers=1, ray_address=None)
     base.update(kw)
     return argparse.Namespace(**base)
 

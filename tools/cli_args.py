@@ -11,6 +11,7 @@ option and what is wrong, never a traceback or a usage dump (``--help`` has the 
   does not fit, a file that is not a trace); ``tools/cli.py`` prints it as that one line.
 - ``check_output_path``: a ``--json`` / ``--report`` destination is checked before a run
   starts, so a long run never ends unable to write its result.
+- ``add_shard_options``: ``--workers`` / ``--ray-address`` of the campaigns that shard on Ray.
 """
 from __future__ import annotations
 
@@ -70,3 +71,13 @@ def check_output_path(option: str, path: str, *, folder: bool = False) -> None:
         raise CliError(f"{option} {path}: cannot make {parent} ({e.strerror or e})") from None
     if not os.access(parent, os.W_OK | os.X_OK):
         raise CliError(f"{option} {path}: {parent} is not writable")
+
+
+def add_shard_options(parser: argparse.ArgumentParser, units: str) -> None:
+    """``--workers N`` / ``--ray-address ADDR`` of a campaign whose independent ``units`` can
+    run on Ray (tools/shard.py); the merged result does not depend on either."""
+    parser.add_argument("--workers", type=positive_int, default=1,
+                        help=f"run the independent units ({units}) N at a time on a local Ray instance "
+                             "(default 1: no Ray)")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help="run the units on the Ray cluster at ADDR (e.g. 'auto' or host:6379) instead")

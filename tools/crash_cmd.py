@@ -2,7 +2,7 @@
 
   trainingcxl crash --model M --points N --seed S --json FILE
                     [--phases lookup,logging,...] [--schedule cxl-b|cxl-d]
-                    [--rows-cap R] [--batch-size B]
+                    [--rows-cap R] [--batch-size B] [--chunk-points K [--workers N | --ray-address A]]
   trainingcxl crash --model M --trace FILE --points N ...
   trainingcxl crash --exhaustive [--boundaries A:B] [--stride S] [--classes C,..] [--offsets -1,0,1]
                     [--target-batch K] [--rows-cap R] [--batch-size B] --seed S --json FILE
@@ -32,6 +32,13 @@ logging, flag_write, update, mlp_log, release, recovery), recovers with RECOVER 
 cut and checks the tables and the MLP log against the golden model, then resumes; the
 campaign is sim/tb/crash_tb.py (its docstring has the details).
 
+``--chunk-points K``: the N points run as chunks of K, each its own simulation (it trains from
+scratch) with a seed derived from --seed (chunk 0 keeps --seed itself, so one chunk is the
+unchunked campaign); the result sums the chunks in chunk order and lists them under ``chunks``
+(seed, points, verified, sim_cycles); ``failures`` carry their ``chunk``. ``--workers N`` runs
+the chunks N at a time on a local Ray instance, ``--ray-address A`` on a cluster
+(tools/shard.py): the JSON is the same as the serial run's but for ``wall_seconds``.
+
 JSON keys (the contract): ``points`` (points run), ``consistent`` / ``inconsistent``,
 ``lost_acknowledged_writes`` (acknowledged UPDATEs / MLP logs a recovery lost),
 ``phases_hit`` (phase -> cuts that landed in it; ``idle`` = between commands),
@@ -59,7 +66,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sim.tb.crash_tb import PHASES  # noqa: E402
-from tools.cli_args import CliError, non_negative_int, positive_int, seed_int  # noqa: E402
+from tools.cli_args import CliError, add_shard_options, non_negative_int, positive_int, seed_int  # noqa: E402
 from tools.harness_run import write_json  # noqa: E402
 
 EXHAUSTIVE_KEYS = ("verified", "model", "schedule", "seed", "target_batch", "boundaries", "selected", "cuts",
@@ -113,21 +120,69 @@ def check_fits(args, tmp: pathlib.Path | None = None) -> dict:
     return generated_source(args.model, args.seed, TraceKnobs(rows_cap=args.rows_cap, batch_size=args.batch_size))
 
 
-def run_campaign(args) -> dict:
+SUMMED = ("points", "consistent", "inconsistent", "lost_acknowledged_writes", "cuts", "rolled_back",
+          "batches_trained", "sim_cycles", "protocol_violations")
+
+
+def campaign_units(args) -> list[tuple]:
+    """(chunk index, seed, points, args) per chunk of --chunk-points (default: one chunk)."""
+    from tools.shard import chunk_counts, chunk_seed
+    counts = chunk_counts(args.points, getattr(args, "chunk_points", None))
+    return [(k, chunk_seed(args.seed, k, "crash"), n, args) for k, n in enumerate(counts)]
+
+
+def run_chunk(unit: tuple) -> dict:
+    """One chunk of the campaign in its own simulation (module level: a Ray task)."""
     from tools.harness_run import NoResult, run_harness_test
-    t0 = time.perf_counter()
-    env = {"TCXL_SEED": str(args.seed), "TCXL_CRASH_MODEL": args.model, "TCXL_CRASH_POINTS": str(args.points),
+    k, seed, points, args = unit
+    env = {"TCXL_SEED": str(seed), "TCXL_CRASH_MODEL": args.model, "TCXL_CRASH_POINTS": str(points),
            "TCXL_CRASH_PHASES": ",".join(args.phases), "TCXL_CRASH_SCHEDULE": args.schedule}
     for name, value in (("TCXL_CRASH_ROWS_CAP", args.rows_cap), ("TCXL_CRASH_BATCH_SIZE", args.batch_size),
                         ("TCXL_CRASH_TRACE", getattr(args, "bound_trace", None))):
         if value is not None:
             env[name] = str(value)
-    print(f"{args.points} power-failure points ({args.schedule}); progress is logged per point",
-          file=sys.stderr, flush=True)
     try:
-        result = run_harness_test("crash_campaign", env, "sim.tb.crash_tb")
+        return run_harness_test("crash_campaign", env, "sim.tb.crash_tb", label=f"crash_campaign-{args.seed}-{k}")
     except NoResult as e:
         raise CrashError(str(e)) from None
+
+
+def merge_chunks(args, units: list[tuple], results: list[dict]) -> dict:
+    """One campaign result from its chunks, in chunk order: counts summed, failures listed
+    with their chunk, ``chunks`` records each chunk's seed, points and verdict."""
+    if len(results) == 1:
+        return dict(results[0])
+    out = {"model": args.model, "seed": args.seed, "schedule": args.schedule,
+           "verified": all(r.get("verified") for r in results)}
+    for key in SUMMED:
+        if any(key in r for r in results):
+            out[key] = sum(r.get(key, 0) for r in results)
+    for key in ("phases_hit", "phases_aimed"):
+        out[key] = {}
+        for r in results:
+            for phase, n in r.get(key, {}).items():
+                out[key][phase] = out[key].get(phase, 0) + n
+    out["failures"] = [{**f, "chunk": k} for (k, *_), r in zip(units, results) for f in r.get("failures", [])]
+    errors = [f"chunk {k} (seed {seed}): {r['error']}" for (k, seed, *_), r in zip(units, results) if r.get("error")]
+    if errors:
+        out["error"] = errors[0]
+    out["chunks"] = [{"chunk": k, "seed": seed, "points": n, "verified": bool(r.get("verified")),
+                      "sim_cycles": r.get("sim_cycles")} for (k, seed, n, _), r in zip(units, results)]
+    return out
+
+
+def run_campaign(args) -> dict:
+    from tools.shard import ShardError, run_units
+    t0 = time.perf_counter()
+    units = campaign_units(args)
+    print(f"{args.points} power-failure points ({args.schedule}) in {len(units)} chunk(s); progress is logged "
+          f"per point", file=sys.stderr, flush=True)
+    try:
+        results = run_units(units, run_chunk, workers=args.workers, ray_address=args.ray_address,
+                            label="crash", name=lambda u: f"chunk {u[0]} (seed {u[1]}, {u[2]} points)")
+    except ShardError as e:
+        raise CrashError(str(e)) from None
+    result = merge_chunks(args, units, results)
     aimed = [p for p in PHASES if p in args.phases]
     result["all_phases_hit"] = all(result["phases_hit"].get(p, 0) > 0 for p in aimed)
     result["verified"] = bool(result.get("verified")) and not result.get("error")
@@ -237,6 +292,9 @@ def _report(args, result: dict, source: dict, formatter) -> int:
 
 
 def cmd_exhaustive(args) -> int:
+    if getattr(args, "workers", 1) > 1 or getattr(args, "ray_address", None) or getattr(args, "chunk_points", None):
+        raise CrashError("--workers, --ray-address and --chunk-points apply to the random campaign; shard "
+                         "--exhaustive with --boundaries A:B slices")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
@@ -261,6 +319,10 @@ def add_crash_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=None, help="samples per batch")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="train on this trace file's batches (cycled) instead of 4 generated ones")
+    p.add_argument("--chunk-points", type=positive_int, default=None, metavar="K",
+                   help="split the points into chunks of K, each its own simulation with a seed derived from "
+                        "--seed (chunk 0 keeps it); the result merges them in chunk order")
+    add_shard_options(p, "the chunks of --chunk-points")
     p.add_argument("--exhaustive", action="store_true",
                    help="cut at every persist boundary (media write ack) of one batch instead of random points")
     p.add_argument("--target-batch", type=non_negative_int, default=2,

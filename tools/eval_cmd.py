@@ -46,7 +46,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.cli_args import CliError, positive_int, seed_int  # noqa: E402
+from tools.cli_args import CliError, add_shard_options, positive_int, seed_int  # noqa: E402
 from tools.harness_run import NoResult, run_harness_test, write_json  # noqa: E402
 
 MODELS = ("rm1", "rm2", "rm3", "rm4")
@@ -99,6 +99,7 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--sweep-batch-sizes", default=None, metavar="B,B,..",
                    help="also simulate these batch sizes for the sensitivity table (default: none; "
                         "with --scale paper: " + ",".join(map(str, PAPER_SWEEP)) + "; '' for none)")
+    add_shard_options(p, "models x orders x sweep batch sizes")
     p.add_argument("--recompose", metavar="JSON[,JSON..]", default=None,
                    help="no simulation: compose the runs stored in earlier eval JSONs (several: their models "
                         "merged) with the current parameters")
@@ -208,7 +209,8 @@ def run_order(model: str, order: str, args) -> dict:
           f"(batch size {k['batch_size'] or 'preset'}, rows cap {k['rows_cap'] or 'preset'})...",
           file=sys.stderr, flush=True)
     try:
-        res = run_harness_test("training_eval", env, "sim.tb.eval_tb", label=f"training_eval-{model}-{order}")
+        res = run_harness_test("training_eval", env, "sim.tb.eval_tb",
+                               label=f"training_eval-{model}-{order}-b{k['batch_size'] or 'preset'}")
     except NoResult as e:
         res = {"verified": False, "error": str(e)}
     state = "verified" if res.get("verified") else f"FAILED: {res.get('error', '?')[:300]}"
@@ -279,29 +281,47 @@ def compose_model(model: str, configs: list[str], runs: dict) -> list[dict]:
     return out
 
 
-def simulate(args, models: list[str], configs: list[str]) -> dict:
-    """{model: {order: the training_eval result}} for the orders the configurations need."""
+def simulation_units(args, models: list[str], configs: list[str]) -> list[tuple]:
+    """The independent simulations: (sweep key, model, order, args) for the main runs (key
+    None) and each sweep batch size other than theirs, in the order results are merged."""
+    from sim.model.dlrm import get_preset
     orders = [o for o, need in (("exact", any(c != "cxl" for c in configs)), ("relaxed", "cxl" in configs)) if need]
-    runs = {}
-    for i, model in enumerate(models):
-        print(f"[eval] model {i + 1}/{len(models)}: {model}", file=sys.stderr, flush=True)
-        # The two orders are independent simulations: run them side by side (2 cores).
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(orders)) as pool:
-            futures = {order: pool.submit(run_order, model, order, args) for order in orders}
-            runs[model] = {order: f.result() for order, f in futures.items()}
-    return runs
-
-
-def simulate_sweep(args, models: list[str], configs: list[str]) -> dict:
-    """{batch size: simulate(...)} for the sweep's batch sizes other than the main runs'."""
-    out = {}
+    plans = [(None, args)]
     for b in args.sweep:
-        from sim.model.dlrm import get_preset
-        if all((knobs_of(m, args)["batch_size"] or get_preset(m).batch_size) == b for m in models):
-            continue                        # the main runs are that point
-        print(f"[eval] sensitivity sweep: batch size {b}", file=sys.stderr, flush=True)
-        out[str(b)] = simulate(argparse.Namespace(**{**vars(args), "batch_size": b}), models, configs)
-    return out
+        if any((knobs_of(m, args)["batch_size"] or get_preset(m).batch_size) != b for m in models):
+            plans.append((str(b), argparse.Namespace(**{**vars(args), "batch_size": b})))
+    return [(key, model, order, a) for key, a in plans for model in models for order in orders]
+
+
+def run_unit(unit: tuple) -> dict:
+    """One simulation unit (``simulation_units``); module level so Ray can ship it."""
+    _, model, order, args = unit
+    return run_order(model, order, args)
+
+
+def unit_name(unit: tuple) -> str:
+    key, model, order, _ = unit
+    return f"{model} {order}" + (f" (sweep batch {key})" if key else "")
+
+
+def simulate(args, models: list[str], configs: list[str]) -> tuple[dict, dict]:
+    """(runs, sweep_runs): {model: {order: training_eval result}} and {batch size: such runs}.
+    Without Ray, two simulations run side by side (2 cores); with ``--workers N`` (N > 1) or
+    ``--ray-address``, every unit is a Ray task (tools/shard.py). Either way the merged result
+    is the same: results are placed by unit, not by finishing order."""
+    from tools.shard import run_units
+    units = simulation_units(args, models, configs)
+    workers, address = getattr(args, "workers", 1), getattr(args, "ray_address", None)
+    if workers > 1 or address:
+        results = run_units(units, run_unit, workers=workers, ray_address=address, label="eval", name=unit_name)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(run_unit, units))
+    runs: dict = {}
+    sweep_runs: dict = {}
+    for (key, model, order, _), res in zip(units, results):
+        (runs if key is None else sweep_runs.setdefault(key, {})).setdefault(model, {})[order] = res
+    return runs, sweep_runs
 
 
 NOTES = [
@@ -389,8 +409,7 @@ def evaluate(args) -> dict:
             for model in models:
                 check_fits(model, argparse.Namespace(**{**vars(args), "batch_size": b}))
         t0 = time.perf_counter()
-        runs = simulate(args, models, configs)
-        sweep_runs = simulate_sweep(args, models, configs)
+        runs, sweep_runs = simulate(args, models, configs)
     meta = {"batches": args.batches, "seed": args.seed, "scale": args.scale,
             "setup": {m: knobs_of(m, args) for m in models},
             "mlp_probe_lines": args.mlp_probe, "wall_seconds": round(time.perf_counter() - t0, 1),

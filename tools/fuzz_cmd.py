@@ -16,6 +16,11 @@ JSON keys (the contract; every target): ``target``, ``seed``, the count key (``m
 key of the target's ``must_be_zero`` is 0), ``error`` (when the run failed), plus per-target
 counts (``opcodes`` for cxl-mem, ``rejected`` / ``table_bytes_changed_by_rejected`` /
 ``errors`` for ndp, ...). Exit status 0 when clean, 1 when not, 2 on a bad argument.
+
+``--chunk K`` runs the count as chunks of K, each its own simulation (seed derived from --seed;
+chunk 0 keeps it), merged in chunk order (counts summed, per-second rates dropped, ``chunks``
+lists each); ``--workers N`` / ``--ray-address A`` run the chunks on Ray (tools/shard.py) with
+the same JSON as serially but for ``wall_seconds``.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ import time
 from dataclasses import dataclass
 
 from tools.harness_run import NoResult, run_harness_test, write_json
-from tools.cli_args import positive_int, seed_int
+from tools.cli_args import add_shard_options, positive_int, seed_int
+from tools.shard import ShardError, chunk_counts, chunk_seed, merge_counts, run_units
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,30 @@ def _format(title: str, result: dict) -> str:
     return "\n".join(lines)
 
 
+def run_chunk(unit: tuple) -> dict:
+    """One chunk: the target's test with the chunk's seed and count (module level: a Ray task)."""
+    k, seed, count, name = unit
+    target = TARGETS[name]
+    try:
+        return run_harness_test(target.test, {"TCXL_SEED": str(seed), "TCXL_FUZZ_COUNT": str(count)}, target.module,
+                                label=f"{target.test}-{seed}-{k}")
+    except NoResult as e:
+        raise RuntimeError(str(e)) from None
+
+
+def merge_chunks(units: list[tuple], results: list[dict]) -> dict:
+    """Counts summed over the chunks (tools/shard.py merge_counts), rates dropped (they do not
+    add up), ``chunks`` lists each chunk's seed, count and verdict; the first error is kept."""
+    merged = merge_counts([{k: v for k, v in r.items() if not k.endswith("_per_second") and k != "error"}
+                           for r in results])
+    errors = [f"chunk {k} (seed {seed}): {r['error']}" for (k, seed, *_), r in zip(units, results) if r.get("error")]
+    if errors:
+        merged["error"] = errors[0]
+    merged["chunks"] = [{"chunk": k, "seed": seed, "count": n, "error": r.get("error")}
+                        for (k, seed, n, _), r in zip(units, results)]
+    return merged
+
+
 def cmd_fuzz(args) -> int:
     target = TARGETS[args.target]
     count = getattr(args, target.count_key)
@@ -83,12 +113,16 @@ def cmd_fuzz(args) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"seed {seed} (replay with --seed {seed})", flush=True)
     t0 = time.perf_counter()
-    env = {"TCXL_SEED": str(seed), "TCXL_FUZZ_COUNT": str(count)}
+    units = [(k, chunk_seed(seed, k, "fuzz"), n, args.target)
+             for k, n in enumerate(chunk_counts(count, getattr(args, "chunk", None)))]
     try:
-        result = run_harness_test(target.test, env, target.module)
-    except NoResult as e:
+        results = run_units(units, run_chunk, workers=getattr(args, "workers", 1),
+                            ray_address=getattr(args, "ray_address", None), label="fuzz",
+                            name=lambda u: f"chunk {u[0]} (seed {u[1]}, {u[2]} {target.count_key})")
+    except ShardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    result = results[0] if len(results) == 1 else merge_chunks(units, results)
     result.update({"target": args.target, "seed": seed, target.count_key: result.get(target.count_key, count),
                    "wall_seconds": round(time.perf_counter() - t0, 1)})
     result["clean"] = is_clean(target, result)
@@ -108,5 +142,9 @@ def add_fuzz_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--commands", type=positive_int, default=None, help="(ndp) commands to submit (default 500)")
     p.add_argument("--seed", type=seed_int, default=None, help="replay a run")
     p.add_argument("--json", help="write the result here")
+    p.add_argument("--chunk", type=positive_int, default=None, metavar="K",
+                   help="split the messages / commands into chunks of K, each its own simulation with a seed "
+                        "derived from --seed (chunk 0 keeps it); counts are summed in chunk order")
+    add_shard_options(p, "the chunks of --chunk")
     p.set_defaults(func=cmd_fuzz)
     return p
