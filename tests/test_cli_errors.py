@@ -30,6 +30,9 @@ BAD = [
     "crash --model rm-tiny --points 1 --phases lookup,nope",
     "crash --model rm-tiny --points 1 --trace /nonexistent/trace.npz",
     "crash --model rm2 --points 1",                            # does not fit the 1 GiB device
+    "crash --model rm-tiny --points 2 --workers 0",
+    "crash --exhaustive --workers 2",                          # shard --exhaustive with --boundaries
+    "fuzz --target ndp --commands 4 --chunk 0",
     # eval
     "eval --models nope",
     "eval --configs nope",

@@ -86,6 +86,19 @@ Store* find_or_create(const char* name) {
     return slot.get();
 }
 
+// f(page number, line in page, lines done before this span, lines in span) for the spans of
+// first..first+count-1 that stay inside one page each, in order.
+template <typename F>
+void for_each_span(uint64_t first, uint64_t count, F f) {
+    for (uint64_t done = 0; done < count;) {
+        const uint64_t ln = first + done;
+        const uint64_t i = ln & (kPageLines - 1);
+        const uint64_t n = std::min(count - done, kPageLines - i);
+        f(ln >> kPageShift, i, done, n);
+        done += n;
+    }
+}
+
 bool all_zero(const uint8_t* p, uint64_t n) {
     for (uint64_t i = 0; i < n; i++)
         if (p[i]) return false;
@@ -146,16 +159,11 @@ extern "C" __attribute__((visibility("default")))
 int tcxl_pmem_read(void* store, uint64_t first, uint64_t count, uint8_t* data, uint8_t* poison) {
     Store* s = static_cast<Store*>(store);
     if (!s->in_range(first, count)) return -1;
-    uint64_t done = 0;
-    while (done < count) {
-        const uint64_t ln = first + done;
-        const uint64_t i = ln & (kPageLines - 1);
-        const uint64_t n = std::min(count - done, kPageLines - i);
-        const Page& p = s->read_page(ln >> kPageShift);
+    for_each_span(first, count, [&](uint64_t no, uint64_t i, uint64_t done, uint64_t n) {
+        const Page& p = s->read_page(no);
         std::memcpy(data + done * kLineBytes, p.data + i * kLineBytes, n * kLineBytes);
         if (poison) std::memcpy(poison + done, p.poison + i, n);
-        done += n;
-    }
+    });
     return 0;
 }
 
@@ -166,20 +174,13 @@ int tcxl_pmem_write(void* store, uint64_t first, uint64_t count, const uint8_t* 
                     const uint8_t* poison) {
     Store* s = static_cast<Store*>(store);
     if (!s->in_range(first, count)) return -1;
-    uint64_t done = 0;
-    while (done < count) {
-        const uint64_t ln = first + done;
-        const uint64_t i = ln & (kPageLines - 1);
-        const uint64_t n = std::min(count - done, kPageLines - i);
-        const uint64_t no = ln >> kPageShift;
+    for_each_span(first, count, [&](uint64_t no, uint64_t i, uint64_t done, uint64_t n) {
         const bool absent = no != s->last_no && s->pages.find(no) == s->pages.end();
-        if (!(absent && all_zero(data + done * kLineBytes, n * kLineBytes)
-              && (!poison || all_zero(poison + done, n)))) {
-            Page& p = s->write_page(no);
-            std::memcpy(p.data + i * kLineBytes, data + done * kLineBytes, n * kLineBytes);
-            for (uint64_t k = 0; k < n; k++) p.poison[i + k] = poison ? (poison[done + k] != 0) : 0;
-        }
-        done += n;
-    }
+        if (absent && all_zero(data + done * kLineBytes, n * kLineBytes) && (!poison || all_zero(poison + done, n)))
+            return;
+        Page& p = s->write_page(no);
+        std::memcpy(p.data + i * kLineBytes, data + done * kLineBytes, n * kLineBytes);
+        for (uint64_t k = 0; k < n; k++) p.poison[i + k] = poison ? (poison[done + k] != 0) : 0;
+    });
     return 0;
 }
