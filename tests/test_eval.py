@@ -16,13 +16,14 @@ import pytest
 from sim.bfm.gpu_agent import mlp_timing
 from sim.model import embedding
 from sim.model.dlrm import get_preset
-from sim.model.system_params import DEFAULT_PARAMS, describe
+from sim.model.system_params import (CXL_X16, DEFAULT_PARAMS, DEVICE_CHANNELS, MODELLING_CHOICES, PCIE3_X16,
+                                     PCIE5_X16, describe, paper_choices, serial_link_gbps, with_modelling)
 from sim.model.system_timing import (BREAKDOWN, CONFIGS, MAX_MLP_LAG, Measured, Workload, compose,
-                                     cpu_memory_ms, transfer_ms)
+                                     cpu_memory_ms, dense_sgd_ms, host_traffic, staged_ms, transfer_ms)
 from sim.model.trace import generate_trace
 
 WORK = Workload(batch_size=64, lookups=100_000, lookup_lines=200_000, unique_rows=16_000, unique_lines=32_000,
-                output_bytes=64 * 20 * 32 * 4, image_lines=1_000_000)
+                output_bytes=64 * 20 * 32 * 4, image_lines=1_000_000, mlp_params=16_000_000)
 MEAS = Measured(clock_mhz=500, lookup_cycles=150_000, lookup_relaxed_cycles=150_000, log_cycles=350_000,
                 update_cycles=260_000, mlp_probe_cycles=14_000, mlp_probe_lines=4096)
 
@@ -49,8 +50,8 @@ def test_schedules_follow_their_rules():
     log, mlplog = ms(MEAS.log_cycles), ms(MEAS.mlp_probe_cycles) / MEAS.mlp_probe_lines * WORK.image_lines
     # CXL-D: LOG and the whole MLP log on the critical path.
     assert results["cxl-d"].breakdown_ms["checkpoint_stall"] == pytest.approx(log + mlplog)
-    # CXL-B: only what the MLP time does not hide.
-    hidden = max(0.0, log + mlplog - mlp.seconds * 1e3)
+    # CXL-B: only what the GPU's launch and MLP time do not hide (LOG starts with the launch).
+    hidden = max(0.0, log + mlplog - DEFAULT_PARAMS.software.launch_us * 1e-3 - mlp.seconds * 1e3)
     assert results["cxl-b"].breakdown_ms["checkpoint_stall"] == pytest.approx(hidden)
     # The same device work otherwise.
     for key in ("lookup", "update", "mlp"):
@@ -98,12 +99,14 @@ def test_mlp_log_interval_gives_every_configuration_the_same_recovery_point():
 
 
 def test_cpu_model_bounds():
+    for p, channels in ((DEFAULT_PARAMS, DEVICE_CHANNELS), (paper_choices(), 2)):
+        # Latency bound: 72 misses in flight at 240 ns -> 0.3 lines/ns; bandwidth: 15.36 GB/s per channel.
+        assert p.host_channels == channels
+        t = cpu_memory_ms(p, 1_000_000, 0)
+        lat = 1_000_000 * p.pmem.read_latency_ns * 1e-9 / (p.host.cores * p.host.misses_in_flight_per_core)
+        bw = 1_000_000 * 64 / (p.pmem.read_bw_gbps * 1e9) / channels
+        assert t == pytest.approx(max(lat, bw) / p.host.software_efficiency * 1e3)
     p = DEFAULT_PARAMS
-    # Latency bound: 72 misses in flight at 240 ns -> 0.3 lines/ns over 2 channels of 15.36 GB/s = 0.48 lines/ns.
-    t = cpu_memory_ms(p, 1_000_000, 0)
-    lat = 1_000_000 * p.pmem.read_latency_ns * 1e-9 / (p.host.cores * p.host.misses_in_flight_per_core)
-    bw = 1_000_000 * 64 / (p.pmem.read_bw_gbps * 1e9) / p.host.memory_channels
-    assert t == pytest.approx(max(lat, bw) / p.host.software_efficiency * 1e3)
     assert cpu_memory_ms(p, 0, 1000) > cpu_memory_ms(p, 1000, 0)          # PMEM writes are slower
     assert transfer_ms(p.cxl, 0) == pytest.approx(p.cxl.latency_ns * 1e-6)
 
@@ -155,7 +158,7 @@ def test_golden_training_loss_falls():
 def _args(**kw):
     base = dict(models="rm1", configs="pmem,cxl", batches=3, seed=1, json="x.json", report=None,
                 batch_size=None, rows_cap=None, mlp_probe=4096, recompose=None, scale="default",
-                sweep_batch_sizes=None)
+                sweep_batch_sizes=None, mlp_interval=1)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -216,9 +219,21 @@ def test_reduced_eval_on_the_rtl(tmp_path):
     assert own8["cxl_over_pmem"] == sens["mlp_interval"][0]["cxl_over_pmem"]
     pmem = {r["model"]: r["batch_time_ms"] for r in res["results"] if r["config"] == "pmem"}
     cxl = {r["model"]: r["batch_time_ms"] for r in res["results"] if r["config"] == "cxl"}
-    assert sens["mlp_interval"][0]["cxl_over_pmem"]["rm4"] == pytest.approx(pmem["rm4"] / cxl["rm4"])
+    own = {(r["model"], r["config"]): r["own_policy"]["batch_time_ms"] for r in res["results"]}
+    assert sens["mlp_interval"][0]["cxl_over_pmem"]["rm4"] == pytest.approx(own["rm4", "pmem"] / own["rm4", "cxl"])
+    # Equal durability is the headline (K = 1), each configuration's own policy beside it; the
+    # fairness ablation's first row is the default composition, one row per switch, then all off.
+    assert all(r["mlp_interval"] == 1 and r["own_policy"]["batch_time_ms"] > 0 for r in res["results"])
+    fair = res["fairness"]
+    assert [r["setting"] for r in fair] == ["fair", "equal_channels", "same_link_model", "pipelined_staging",
+                                            "host_cache", "launch_everywhere", "dense_sgd", "earlier"]
+    def ratios(row):
+        return {k: v for k, v in row.items() if k != "mlp_interval"}
+    assert fair[0]["equal"] == ratios(sens["mlp_interval"][1]) and fair[0]["own"] == ratios(sens["mlp_interval"][0])
+    assert fair[0]["equal"]["cxl_over_pmem"]["rm4"] == pytest.approx(pmem["rm4"] / cxl["rm4"])
+    assert fair[-1]["own"] != fair[0]["own"]            # the earlier choices move the ratios
     md = (tmp_path / "report" / "report.md").read_text()
-    assert "## Sensitivity" in md and "(fig_sensitivity.png)" in md
+    assert "## Sensitivity" in md and "(fig_sensitivity.png)" in md and "## Fairness ablation" in md
     assert (tmp_path / "report" / "fig_sensitivity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The stored runs compose again without simulating, to the same figures.
     again = tmp_path / "again.json"
@@ -254,3 +269,105 @@ def test_batch_workload_counts():
     w = batch_workload(manifest, batch)
     assert w == {"lookups": 6, "lookup_lines": 3 * 1 + 3 * 2, "unique_rows": 4, "unique_lines": 2 * 1 + 2 * 2,
                  "output_bytes": 2 * (16 + 32) * 4}
+
+
+# ---- the fairness switches (sim/model/system_params.py Modelling)
+def _one(config, params, work=WORK, **kw):
+    return compose(config, work, MEAS, mlp_timing("rm1", work.batch_size, MEAS.clock_mhz), params, **kw)
+
+
+def test_earlier_choices_reproduce_the_composition_before_issue_21():
+    """Every switch off gives the batch times the composition gave before issue 21 (commit
+    5710ac5, computed there on this WORK/MEAS; the dense step is 0 without its switch)."""
+    before = {"pmem": 21.527532036036032, "pcie": 14.226740166666666, "cxl-d": 8.7270135, "cxl-b": 8.3591575,
+              "cxl": 1.549995730896322}
+    for c, t in before.items():
+        assert _one(c, paper_choices()).batch_time_ms == pytest.approx(t, rel=1e-12), c
+    assert all(_one(c, DEFAULT_PARAMS).batch_time_ms != pytest.approx(before[c]) for c in CONFIGS)
+
+
+def test_links_share_one_efficiency_model():
+    assert serial_link_gbps(32, 16, 64, 4) == pytest.approx(32 * 16 / 8 * 128 / 130 * 64 / 68)
+    assert CXL_X16.bandwidth_gbps == pytest.approx(59.31, abs=0.01)
+    assert PCIE5_X16.bandwidth_gbps == pytest.approx(57.61, abs=0.01)      # 256-byte TLPs, 24 bytes each
+    assert DEFAULT_PARAMS.links == (PCIE5_X16, CXL_X16)
+    pcie, cxl = with_modelling(same_link_model=False).links
+    assert pcie is PCIE3_X16 and cxl.bandwidth_gbps == pytest.approx(64 * 64 / 68)
+    # PCIe's copies are slower on PCIe 3.0; CXL-D does not use PCIe.
+    slow = with_modelling(same_link_model=False)
+    assert _one("pcie", slow).breakdown_ms["transfer"] > _one("pcie", DEFAULT_PARAMS).breakdown_ms["transfer"]
+
+
+def test_staged_copies_stream_when_pipelined():
+    on, off = DEFAULT_PARAMS, with_modelling(pipelined_staging=False)
+    assert staged_ms(on, [1.0, 3.0], setups=2) == pytest.approx(3.0 + 2 * on.software.copy_setup_us * 1e-3)
+    assert staged_ms(off, [1.0, 3.0]) == pytest.approx(4.0)
+    for c in ("pmem", "pcie"):
+        a, b = _one(c, on), _one(c, off)
+        assert a.batch_time_ms < b.batch_time_ms, c
+        assert a.breakdown_ms["checkpoint_stall"] < b.breakdown_ms["checkpoint_stall"], c
+    for c in ("cxl-d", "cxl-b", "cxl"):                      # no software copies to stream
+        assert _one(c, on).batch_time_ms == pytest.approx(_one(c, off).batch_time_ms), c
+
+
+def test_host_cache_model_is_one_model_for_lookup_and_update():
+    llc_lines = DEFAULT_PARAMS.host.llc_bytes // 64
+    big = Workload(**{**WORK.__dict__, "table_lines": 10 * llc_lines})
+    fits_tables = Workload(**{**WORK.__dict__, "table_lines": llc_lines // 2})
+    assert WORK.unique_lines <= llc_lines
+    t = host_traffic(DEFAULT_PARAMS, big)          # the batch's distinct rows fit: repeats hit, for both
+    assert (t["fits"], t["lookup_reads"], t["update_reads"], t["update_writes"]) == \
+        ("batch", WORK.unique_lines, 0, WORK.unique_lines)
+    t = host_traffic(DEFAULT_PARAMS, fits_tables)  # every table fits: only the durable writes reach PMEM
+    assert (t["fits"], t["lookup_reads"], t["update_reads"], t["update_writes"], t["log_writes"]) == \
+        ("tables", 0, 0, WORK.unique_lines, WORK.unique_lines)
+    huge = Workload(**{**WORK.__dict__, "unique_lines": 2 * llc_lines, "lookup_lines": 4 * llc_lines})
+    t = host_traffic(DEFAULT_PARAMS, huge)         # nothing fits (table_lines 0: unknown)
+    assert (t["fits"], t["lookup_reads"], t["update_reads"]) == ("none", huge.lookup_lines, huge.unique_lines)
+    t = host_traffic(with_modelling(host_cache=False), fits_tables)
+    assert (t["lookup_reads"], t["update_reads"]) == (WORK.lookup_lines, WORK.unique_lines)
+    assert _one("pmem", DEFAULT_PARAMS, fits_tables).breakdown_ms["lookup"] < \
+        _one("pmem", DEFAULT_PARAMS, big).breakdown_ms["lookup"] < \
+        _one("pmem", with_modelling(host_cache=False), big).breakdown_ms["lookup"]
+    assert _one("pmem", DEFAULT_PARAMS, big).extra["host_cache_fits"] == "batch"
+
+
+def test_every_configuration_launches_and_steps_the_dense_layers():
+    on = DEFAULT_PARAMS
+    sgd = dense_sgd_ms(on, WORK)
+    assert sgd == pytest.approx(12 * WORK.mlp_params / (on.gpu_memory_gbps * 1e9) * 1e3)
+    assert dense_sgd_ms(with_modelling(dense_sgd=False), WORK) == 0.0
+    launch = on.software.launch_us * 1e-3
+    for c in CONFIGS:
+        r = _one(c, on)
+        assert r.extra["dense_sgd_ms"] == pytest.approx(sgd), c
+        steps = [i for i in r.timeline if i["phase"] == "dense_sgd"]
+        assert len(steps) == 1 and steps[0]["lane"] == "gpu", c
+        assert steps[0]["end_ms"] <= r.batch_time_ms + 1e-9, c      # the next forward waits for it
+        no_launch = _one(c, with_modelling(launch_everywhere=False))
+        if c in ("pmem", "pcie"):                                   # they always paid it
+            assert no_launch.batch_time_ms == pytest.approx(r.batch_time_ms), c
+        elif c == "cxl-d":
+            assert r.breakdown_ms["transfer"] - no_launch.breakdown_ms["transfer"] == pytest.approx(launch), c
+    # The dense step runs beside the checkpoint, the gradient transfer and the update: the batch
+    # ends when both are done. A device that is quick after the MLP exposes the step.
+    for meas, exposed in ((MEAS, False), (Measured(500, 150_000, 150_000, 10, 10, 1, 4096), True)):
+        for c in ("pmem", "cxl-d", "cxl"):
+            mlp = mlp_timing("rm1", 64, 500)
+            a = compose(c, WORK, meas, mlp, on)
+            b = compose(c, WORK, meas, mlp, with_modelling(dense_sgd=False))
+            mlp_end = next(i["end_ms"] for i in b.timeline if i["phase"] == "mlp")
+            patch = sum(i["end_ms"] - i["start_ms"] for i in b.timeline if i["phase"] == "patch")
+            expect = max(b.batch_time_ms - patch, mlp_end + sgd) + patch
+            assert a.batch_time_ms == pytest.approx(expect, abs=2e-6), (c, exposed)      # timeline: 1 ns rounding
+            assert (a.batch_time_ms > b.batch_time_ms + 1e-9) == (exposed and c != "pmem"), (c, exposed)
+
+
+def test_modelling_switches_are_the_documented_six():
+    assert MODELLING_CHOICES == ("equal_channels", "same_link_model", "pipelined_staging", "host_cache",
+                                 "launch_everywhere", "dense_sgd")
+    assert all(getattr(DEFAULT_PARAMS.modelling, n) for n in MODELLING_CHOICES)
+    assert not any(getattr(paper_choices().modelling, n) for n in MODELLING_CHOICES)
+    assert describe()["modelling"] == dict.fromkeys(MODELLING_CHOICES, True)
+    with pytest.raises(TypeError):
+        with_modelling(no_such_switch=False)

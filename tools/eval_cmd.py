@@ -71,6 +71,11 @@ SCALES = ("default", "paper")
 PAPER = {"speedup_cxl_over_pmem_avg": 5.2, "cxl_d_over_pcie": 1.23, "cxl_over_cxl_b": 1.14,
          "energy_saving_vs_pmem": 0.76}
 DEFAULT_MLP_PROBE = 4096
+# Equal durability (issue 21): every configuration logs the whole MLP every K batches, so all
+# recover to the same point. K = 1 is the paper's policy for PMEM, PCIe, CXL-D and CXL-B, and the
+# strictest; CXL then copies a whole image per batch in its chunk window. The second table of the
+# report keeps each configuration's own policy (CXL over up to MAX_MLP_LAG batches).
+DEFAULT_MLP_INTERVAL = 1
 
 
 class EvalError(CliError):
@@ -99,6 +104,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--sweep-batch-sizes", default=None, metavar="B,B,..",
                    help="also simulate these batch sizes for the sensitivity table (default: none; "
                         "with --scale paper: " + ",".join(map(str, PAPER_SWEEP)) + "; '' for none)")
+    p.add_argument("--mlp-interval", type=positive_int, default=DEFAULT_MLP_INTERVAL, metavar="K",
+                   help="equal durability: every configuration logs the whole MLP every K batches "
+                        f"(default {DEFAULT_MLP_INTERVAL}); each configuration's own policy is reported too")
     add_shard_options(p, "models x orders x sweep batch sizes")
     p.add_argument("--recompose", metavar="JSON[,JSON..]", default=None,
                    help="no simulation: compose the runs stored in earlier eval JSONs (several: their models "
@@ -241,11 +249,31 @@ def measured_of(exact: dict | None, relaxed: dict | None, order: str):
     wl = run["workload"]
     w = Workload(run["batch_size"], *(round(steady([b[key] for b in wl])) for key in
                                       ("lookups", "lookup_lines", "unique_rows", "unique_lines", "output_bytes")),
-                 run["image_lines"])
+                 run["image_lines"], table_lines=table_lines_of(run),
+                 mlp_params=run.get("mlp_params") or 16 * run["image_lines"])   # runs stored before: within a line
     return m, w
 
 
-def compose_model(model: str, configs: list[str], runs: dict) -> list[dict]:
+def table_lines_of(run: dict) -> int:
+    """The lines of every table of a run (``table_lines``, written by sim/tb/eval_tb.py; for a
+    run stored before it, from the preset and the rows cap; 0 when neither is known)."""
+    if run.get("table_lines"):
+        return int(run["table_lines"])
+    from sim.model.dlrm import get_preset
+    try:
+        preset = get_preset(run["model"])
+    except (KeyError, ValueError):
+        return 0
+    if run.get("rows_cap"):
+        preset = preset.with_rows_cap(run["rows_cap"])
+    return sum(t.rows * (t.dim // 16) for t in preset.tables)
+
+
+def compose_model(model: str, configs: list[str], runs: dict,
+                  mlp_interval: int = DEFAULT_MLP_INTERVAL) -> list[dict]:
+    """One result per configuration: batch time, breakdown, timeline and energy with every
+    configuration logging the MLP every ``mlp_interval`` batches (equal durability), and the
+    same under each configuration's own MLP-log policy (``own_policy``)."""
     from sim.bfm.gpu_agent import mlp_timing
     from sim.model.system_timing import compose
     out = []
@@ -261,7 +289,8 @@ def compose_model(model: str, configs: list[str], runs: dict) -> list[dict]:
         if run.get("commands"):
             m, w = measured_of(runs.get("exact"), runs.get("relaxed"), order)
             mlp = mlp_timing(model, w.batch_size, m.clock_mhz)
-            r = compose(config, w, m, mlp)
+            r = compose(config, w, m, mlp, mlp_interval=mlp_interval)
+            own = compose(config, w, m, mlp)
             # The same batch without any MLP log: how much of the difference the MLP image makes.
             no_mlp_log = compose(config, dataclasses.replace(w, image_lines=0), m, mlp).batch_time_ms
             entry.update(batch_time_ms=r.batch_time_ms, breakdown_ms=r.breakdown_ms, timeline=r.timeline,
@@ -270,14 +299,19 @@ def compose_model(model: str, configs: list[str], runs: dict) -> list[dict]:
                                           "log": m.log_cycles, "update": m.update_cycles,
                                           "mlp_log_probe": m.mlp_probe_cycles, "mlp_probe_lines": m.mlp_probe_lines},
                          workload=w.__dict__, gpu_mlp_ms=mlp.seconds * 1e3,
-                         batch_time_ms_without_mlp_log=no_mlp_log)
+                         batch_time_ms_without_mlp_log=no_mlp_log, mlp_interval=mlp_interval,
+                         own_policy={"batch_time_ms": own.batch_time_ms, "breakdown_ms": own.breakdown_ms,
+                                     "energy_mj": own.energy_mj, **own.extra})
         out.append(entry)
     base = next((e.get("batch_time_ms") for e in out if e["config"] == "pmem"), None)
     base_no = next((e.get("batch_time_ms_without_mlp_log") for e in out if e["config"] == "pmem"), None)
+    base_own = next((e["own_policy"]["batch_time_ms"] for e in out if e["config"] == "pmem" and "own_policy" in e),
+                    None)
     for e in out:
         if base and e.get("batch_time_ms"):
             e["speedup_vs_pmem"] = base / e["batch_time_ms"]
             e["speedup_vs_pmem_without_mlp_log"] = base_no / e["batch_time_ms_without_mlp_log"]
+            e["own_policy"]["speedup_vs_pmem"] = base_own / e["own_policy"]["batch_time_ms"]
     return out
 
 
@@ -334,13 +368,15 @@ NOTES = [
 ]
 
 
-def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict) -> dict:
+def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict,
+                mlp_interval: int = DEFAULT_MLP_INTERVAL) -> dict:
     from sim.model.system_params import describe
+    from tools.eval_fairness import fairness_rows
     from tools.eval_sensitivity import sensitivity
     results = []
     sources = meta.get("trace_sources") or {}
     for model in models:
-        results += compose_model(model, configs, runs[model])
+        results += compose_model(model, configs, runs[model], mlp_interval)
     for r in results:           # the command's record (file and input hashes) over the bench's short one
         r["trace_source"] = sources.get(r["model"]) or r.get("trace_source")
     clock = next((r.get("clock_mhz") for r in results if r.get("clock_mhz")), 500)
@@ -351,7 +387,9 @@ def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict) -
             by_batch.setdefault(str(main_b), runs)
     return {"results": results,
             "sensitivity": sensitivity(runs, models, by_batch),
+            "fairness": fairness_rows(runs, models, mlp_interval),
             "meta": {**meta, "models": models, "configs": configs, "clock_mhz": clock, "paper": PAPER,
+                     "mlp_interval": mlp_interval,
                      "notes": NOTES, "params": describe(), "runs": runs}}
 
 
@@ -399,7 +437,7 @@ def evaluate(args) -> dict:
         runs, models, configs, meta = load_stored_runs(args.recompose)
         print(f"[eval] recomposing the runs in {args.recompose} with the current parameters",
               file=sys.stderr, flush=True)
-        return compose_all(runs, models, configs, meta)
+        return compose_all(runs, models, configs, meta, args.mlp_interval)
     models, configs = check_request(args)
     with tempfile.TemporaryDirectory() as tmp:
         sources = bind_traces(args, models, pathlib.Path(tmp))
@@ -416,7 +454,7 @@ def evaluate(args) -> dict:
             "trace_sources": sources}
     if sweep_runs:
         meta["sweep_runs"] = sweep_runs
-    return compose_all(runs, models, configs, meta)
+    return compose_all(runs, models, configs, meta, args.mlp_interval)
 
 
 def bind_traces(args, models: list[str], tmp: pathlib.Path) -> dict:
@@ -445,6 +483,10 @@ def main(args) -> int:
     if result.get("sensitivity"):
         from tools.eval_sensitivity import text_rows
         print("\n".join(["sensitivity (geomean over the models):"] + text_rows(result["sensitivity"])))
+    if result.get("fairness"):
+        from tools.eval_fairness import text_rows as fairness_text
+        print("\n".join(["fairness ablation (geomean over the models; each earlier modelling choice alone):"]
+                        + fairness_text(result["fairness"])))
     if args.report:
         for path in write_report(result, pathlib.Path(args.report)):
             print(f"wrote {path}")

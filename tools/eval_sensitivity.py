@@ -27,9 +27,11 @@ DEFAULT_INTERVALS = (1, 8, 64, 1024)
 OWN_POLICY = "own"                   # the mlp_interval label of each configuration's own policy
 
 
-def batch_times(runs: dict, model: str, mlp_interval: int | None) -> dict:
-    """{config: batch time (ms)} of one model's runs ({order: training_eval result})."""
+def batch_times(runs: dict, model: str, mlp_interval: int | None, params=None) -> dict:
+    """{config: batch time (ms)} of one model's runs ({order: training_eval result}), composed
+    with ``params`` (sim/model/system_params.py; None: the defaults)."""
     from sim.bfm.gpu_agent import mlp_timing
+    from sim.model.system_params import DEFAULT_PARAMS
     from sim.model.system_timing import CONFIGS, compose
     from tools.eval_cmd import measured_of
     out = {}
@@ -39,13 +41,14 @@ def batch_times(runs: dict, model: str, mlp_interval: int | None) -> dict:
         if not run.get("commands"):
             continue
         m, w = measured_of(runs.get("exact"), runs.get("relaxed"), order)
-        out[config] = compose(config, w, m, mlp_timing(model, w.batch_size, m.clock_mhz),
+        out[config] = compose(config, w, m, mlp_timing(model, w.batch_size, m.clock_mhz), params or DEFAULT_PARAMS,
                               mlp_interval=mlp_interval).batch_time_ms
     return out
 
 
-def ratio_row(runs: dict, models: list[str], mlp_interval: int | None) -> dict:
-    times = {model: batch_times(runs[model], model, mlp_interval) for model in models}
+def ratio_row(runs: dict, models: list[str], mlp_interval: int | None, params=None) -> dict:
+    """{ratio: {model: x, "geomean": g}} for the RATIOS whose configurations were run."""
+    times = {model: batch_times(runs[model], model, mlp_interval, params) for model in models}
     row = {}
     for name, (slow, fast) in RATIOS.items():
         per = {model: t[slow] / t[fast] for model, t in times.items() if slow in t and fast in t}

@@ -25,7 +25,7 @@ import time
 
 import cocotb
 
-from sim.bfm.gpu_agent import mlp_image_lines
+from sim.bfm.gpu_agent import mlp_image_lines, mlp_param_count
 from sim.env import DeviceEnv
 from sim.model.checkpoint import batch_rows
 from sim.model.dlrm import get_preset
@@ -71,12 +71,13 @@ async def training_eval(dut):
     m = trace.manifest
     result = {"model": model, "order": order, "seed": env.seed, "batch_size": m["batch_size"], "trace_source": source,
               "rows_cap": knobs.rows_cap, "batches": batches, "verified": False, "clock_mhz": env.config.clock_mhz,
-              "workload": [batch_workload(m, b) for b in trace.batches]}
+              "workload": [batch_workload(m, b) for b in trace.batches],
+              "table_lines": sum(t["rows"] * (t["dim"] // 16) for t in m["tables"])}
     t0 = time.perf_counter()
     with recorded(result):
         image = mlp_image_lines(preset)
         run = SystemRun(env, trace, total_batches=batches, order=order, mlp_lines=min(probe, image), preset=preset)
-        result.update(image_lines=image, mlp_probe_lines=run.mlp_lines)
+        result.update(image_lines=image, mlp_params=mlp_param_count(preset), mlp_probe_lines=run.mlp_lines)
         await run.setup()
         for k in range(batches):
             cyc = await run.run_batch(k)
