@@ -37,7 +37,8 @@ campaign covers their content.
 ``DlrmTraining(preset, batches, batch_size, relaxed, mlp_lr)`` is the golden training: pooled
 outputs from the golden tables (relaxed: from the tables one batch older, plus the patch),
 the MLP step on them, SGD on the MLP image. Tables start from DLRM's initialisation
-(``dlrm_initial_tables``); tables and MLP share one learning rate, ``TRAINING_LR``.
+(``dlrm_initial_tables``); tables and MLP share one learning rate: ``SystemRun`` takes the
+trace manifest's optimizer lr (the eval writes ``TRAINING_LR`` there).
 ``attach(golden, gpu)`` connects it to a ``CheckpointedTraining`` (tables) and a ``GpuAgent``
 (the image); ``grads(k)`` and ``step_fn(params, k)`` are the callables those take; ``loss(k)``
 is the loss of batch k.
@@ -75,11 +76,13 @@ def add_pooled(a: list[np.ndarray], b: list[np.ndarray]) -> list[np.ndarray]:
 
 def dlrm_initial_tables(manifest: dict, seed: int) -> list[np.ndarray]:
     """DLRM's embedding initialisation (dlrm_s_pytorch.py ``create_emb``): each table uniform
-    in [-sqrt(1/n), sqrt(1/n)) with n its rows, fp32, one seeded generator per table. (The
-    hardware tests' tables, uniform in [-1, 1), saturate the MLP's sigmoid at RM1's pooling.)"""
+    in [-sqrt(1/n), sqrt(1/n)) with n the rows of the model's table before any rows cap
+    (``rows_uncapped``; so pooled magnitudes, and the starting loss, do not depend on the cap),
+    fp32, one seeded generator per table. (The hardware tests' tables, uniform in [-1, 1),
+    saturate the MLP's sigmoid at RM1's pooling.)"""
     out = []
     for t, tab in enumerate(manifest["tables"]):
-        bound = np.sqrt(1.0 / tab["rows"])
+        bound = np.sqrt(1.0 / tab.get("rows_uncapped", tab["rows"]))
         rng = np.random.default_rng([seed, 0x454D42, t])
         out.append(rng.uniform(-bound, bound, (tab["rows"], tab["dim"])).astype(np.float32))
     return out
@@ -160,10 +163,11 @@ class SystemRun(CheckpointedRun):
     """DLRM training on the RTL in the ``exact`` or ``relaxed`` order (module docstring)."""
 
     def __init__(self, env, trace, *, total_batches: int, order: str = "exact", mlp_lines: int | None = None,
-                 poll_cycles: int = 16, lr: float = TRAINING_LR, preset=None):
+                 poll_cycles: int = 16, lr: float | None = None, preset=None):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         m = trace.manifest
+        lr = float(m["optimizer"]["lr"]) if lr is None else lr      # the manifest's rate unless told
         self.order = order
         preset = get_preset(m["preset"]) if preset is None else preset     # resolved once, passed down
         self.training = DlrmTraining(preset, None, m["batch_size"], relaxed=order == "relaxed", mlp_lr=lr)

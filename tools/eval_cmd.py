@@ -76,6 +76,7 @@ DEFAULT_MLP_PROBE = 4096
 # strictest; CXL then copies a whole image per batch in its chunk window. The second table of the
 # report keeps each configuration's own policy (CXL over up to MAX_MLP_LAG batches).
 DEFAULT_MLP_INTERVAL = 1
+DEFAULT_SEEDS = 1
 
 
 class EvalError(CliError):
@@ -104,6 +105,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--sweep-batch-sizes", default=None, metavar="B,B,..",
                    help="also simulate these batch sizes for the sensitivity table (default: none; "
                         "with --scale paper: " + ",".join(map(str, PAPER_SWEEP)) + "; '' for none)")
+    p.add_argument("--seeds", type=positive_int, default=DEFAULT_SEEDS, metavar="N",
+                   help=f"trace seeds --seed .. --seed+N-1 (default {DEFAULT_SEEDS}): every figure also as "
+                        "min/median/max over the seeds' steady batches")
     p.add_argument("--mlp-interval", type=positive_int, default=DEFAULT_MLP_INTERVAL, metavar="K",
                    help="equal durability: every configuration logs the whole MLP every K batches "
                         f"(default {DEFAULT_MLP_INTERVAL}); each configuration's own policy is reported too")
@@ -134,6 +138,8 @@ def check_request(args) -> tuple[list[str], list[str]]:
             if value is not None:
                 raise EvalError(f"{flag} applies to a generated trace; with --trace the file fixes it "
                                 f"(re-import with {flag})")
+        if getattr(args, "seeds", 1) > 1:
+            raise EvalError("--seeds applies to generated traces; a --trace file is one trace")
     elif args.batches is None:
         args.batches = 3
     args.sweep = parse_sweep(args)
@@ -231,22 +237,31 @@ def steady(values: list[float]) -> float:
     return sum(vals) / len(vals)
 
 
-def measured_of(exact: dict | None, relaxed: dict | None, order: str):
-    """``Measured`` and ``Workload`` for one order from the runs' per-batch figures."""
+def steady_batches(run: dict) -> list[int]:
+    """The batches a steady-state figure counts: 1..N-1, or batch 0 alone when N = 1."""
+    n = len(run["commands"])
+    return list(range(1, n)) if n > 1 else [0]
+
+
+def measured_of(exact: dict | None, relaxed: dict | None, order: str, batch: int | None = None):
+    """``Measured`` and ``Workload`` for one order from the runs' per-batch figures: the mean
+    over the steady batches (``batch`` None) or one batch's own figures."""
     from sim.model.system_timing import Measured, Workload
     run = exact if order == "exact" else relaxed
     cmds = run["commands"]
+    rel_cmds = relaxed["commands"] if relaxed is not None and relaxed.get("commands") else []
 
-    def mean(key, source=cmds):
-        return steady([c[key] for c in source if key in c])
-    rel_lookup = None
-    if relaxed is not None and relaxed.get("commands"):
-        vals = [c["lookup_relaxed"] for c in relaxed["commands"] if "lookup_relaxed" in c]
-        rel_lookup = sum(vals) / len(vals) if vals else None
-    lookup = mean("lookup") if any("lookup" in c for c in cmds) else rel_lookup
-    m = Measured(run["clock_mhz"], lookup, rel_lookup if rel_lookup is not None else lookup, mean("log"),
-                 mean("update"), mean("mlp_log"), run["mlp_probe_lines"])
-    wl = run["workload"]
+    def pick(key, source):
+        vals = [c[key] for c in source if key in c and (batch is None or c.get("batch", -1) == batch)]
+        if batch is None:
+            return steady(vals) if key != "lookup_relaxed" else (sum(vals) / len(vals) if vals else None)
+        return vals[0] if vals else None
+    rel_lookup = pick("lookup_relaxed", rel_cmds)
+    lookup = pick("lookup", cmds)
+    lookup = rel_lookup if lookup is None else lookup
+    m = Measured(run["clock_mhz"], lookup, rel_lookup if rel_lookup is not None else lookup, pick("log", cmds),
+                 pick("update", cmds), pick("mlp_log", cmds), run["mlp_probe_lines"])
+    wl = run["workload"] if batch is None else [run["workload"][batch]]
     w = Workload(run["batch_size"], *(round(steady([b[key] for b in wl])) for key in
                                       ("lookups", "lookup_lines", "unique_rows", "unique_lines", "output_bytes")),
                  run["image_lines"], table_lines=table_lines_of(run),
@@ -315,12 +330,19 @@ def compose_model(model: str, configs: list[str], runs: dict,
     return out
 
 
+def eval_seeds(args) -> list[int]:
+    """The trace seeds: --seed, then the next --seeds - 1 integers."""
+    return [args.seed + i for i in range(getattr(args, "seeds", 1))]
+
+
 def simulation_units(args, models: list[str], configs: list[str]) -> list[tuple]:
-    """The independent simulations: (sweep key, model, order, args) for the main runs (key
-    None) and each sweep batch size other than theirs, in the order results are merged."""
+    """The independent simulations: (key, model, order, args) for the main runs (key None), the
+    further seeds' runs (key ``("seed", S)``) and each sweep batch size other than theirs (key
+    the batch size as a string; first seed only), in the order results are merged."""
     from sim.model.dlrm import get_preset
     orders = [o for o, need in (("exact", any(c != "cxl" for c in configs)), ("relaxed", "cxl" in configs)) if need]
     plans = [(None, args)]
+    plans += [(("seed", s), argparse.Namespace(**{**vars(args), "seed": s})) for s in eval_seeds(args)[1:]]
     for b in args.sweep:
         if any((knobs_of(m, args)["batch_size"] or get_preset(m).batch_size) != b for m in models):
             plans.append((str(b), argparse.Namespace(**{**vars(args), "batch_size": b})))
@@ -335,11 +357,14 @@ def run_unit(unit: tuple) -> dict:
 
 def unit_name(unit: tuple) -> str:
     key, model, order, _ = unit
+    if isinstance(key, tuple):
+        return f"{model} {order} (seed {key[1]})"
     return f"{model} {order}" + (f" (sweep batch {key})" if key else "")
 
 
-def simulate(args, models: list[str], configs: list[str]) -> tuple[dict, dict]:
-    """(runs, sweep_runs): {model: {order: training_eval result}} and {batch size: such runs}.
+def simulate(args, models: list[str], configs: list[str]) -> tuple[dict, dict, dict]:
+    """(runs, sweep_runs, seed_runs): {model: {order: training_eval result}}, {batch size: such
+    runs} and {seed: such runs} for the seeds after the first.
     Without Ray, two simulations run side by side (2 cores); with ``--workers N`` (N > 1) or
     ``--ray-address``, every unit is a Ray task (tools/shard.py). Either way the merged result
     is the same: results are placed by unit, not by finishing order."""
@@ -353,9 +378,16 @@ def simulate(args, models: list[str], configs: list[str]) -> tuple[dict, dict]:
             results = list(pool.map(run_unit, units))
     runs: dict = {}
     sweep_runs: dict = {}
+    seed_runs: dict = {}
     for (key, model, order, _), res in zip(units, results):
-        (runs if key is None else sweep_runs.setdefault(key, {})).setdefault(model, {})[order] = res
-    return runs, sweep_runs
+        if key is None:
+            into = runs
+        elif isinstance(key, tuple):
+            into = seed_runs.setdefault(str(key[1]), {})
+        else:
+            into = sweep_runs.setdefault(key, {})
+        into.setdefault(model, {})[order] = res
+    return runs, sweep_runs, seed_runs
 
 
 NOTES = [
@@ -373,10 +405,17 @@ def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict,
     from sim.model.system_params import describe
     from tools.eval_fairness import fairness_rows
     from tools.eval_sensitivity import sensitivity
+    from tools.eval_stats import ratio_stats, result_stats
     results = []
     sources = meta.get("trace_sources") or {}
+    runs_by_seed = {str(meta.get("seed")): runs, **(meta.get("seed_runs") or {})}
     for model in models:
-        results += compose_model(model, configs, runs[model], mlp_interval)
+        entries = compose_model(model, configs, runs[model], mlp_interval)
+        stats = result_stats(runs_by_seed, model, configs, mlp_interval)
+        for e in entries:
+            if e["config"] in stats:
+                e["stats"] = stats[e["config"]]
+        results += entries
     for r in results:           # the command's record (file and input hashes) over the bench's short one
         r["trace_source"] = sources.get(r["model"]) or r.get("trace_source")
     clock = next((r.get("clock_mhz") for r in results if r.get("clock_mhz")), 500)
@@ -385,7 +424,12 @@ def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict,
         main_b = next((r.get("batch_size") for r in results if r.get("batch_size")), None)
         if main_b is not None:
             by_batch.setdefault(str(main_b), runs)
+    first = next((r for m in models for r in runs[m].values() if r.get("commands")), None)
     return {"results": results,
+            "statistics": {"seeds": [int(s) for s in runs_by_seed], "mlp_interval": mlp_interval,
+                           "steady_batches": steady_batches(first) if first else [],
+                           "samples": "every (seed, steady batch), each composed alone",
+                           "ratios": ratio_stats(runs_by_seed, models, mlp_interval)},
             "sensitivity": sensitivity(runs, models, by_batch),
             "fairness": fairness_rows(runs, models, mlp_interval),
             "meta": {**meta, "models": models, "configs": configs, "clock_mhz": clock, "paper": PAPER,
@@ -410,7 +454,7 @@ def load_stored_runs(spec: str) -> tuple[dict, list[str], list[str], dict]:
             merged = (dict(runs), list(models), list(configs), meta)
             continue
         m_runs, m_models, m_configs, m_meta = merged
-        for key in ("batches", "seed"):
+        for key in ("batches", "seed", "seeds"):
             if meta.get(key) != m_meta.get(key):
                 raise EvalError(f"--recompose {name}: {key} {meta.get(key)} differs from the first file's "
                                 f"{m_meta.get(key)}")
@@ -422,8 +466,9 @@ def load_stored_runs(spec: str) -> tuple[dict, list[str], list[str], dict]:
                             f"already in an earlier file")
         m_runs.update(runs)
         m_models += models
-        for b, sweep in (meta.get("sweep_runs") or {}).items():
-            m_meta.setdefault("sweep_runs", {}).setdefault(b, {}).update(sweep)
+        for key in ("sweep_runs", "seed_runs"):          # per batch size / per seed, by model
+            for b, more in (meta.get(key) or {}).items():
+                m_meta.setdefault(key, {}).setdefault(b, {}).update(more)
         for key in ("setup", "trace_sources"):
             m_meta.setdefault(key, {}).update(meta.get(key) or {})
         m_meta["wall_seconds"] = (m_meta.get("wall_seconds") or 0) + (meta.get("wall_seconds") or 0)
@@ -447,13 +492,15 @@ def evaluate(args) -> dict:
             for model in models:
                 check_fits(model, argparse.Namespace(**{**vars(args), "batch_size": b}))
         t0 = time.perf_counter()
-        runs, sweep_runs = simulate(args, models, configs)
-    meta = {"batches": args.batches, "seed": args.seed, "scale": args.scale,
+        runs, sweep_runs, seed_runs = simulate(args, models, configs)
+    meta = {"batches": args.batches, "seed": args.seed, "seeds": eval_seeds(args), "scale": args.scale,
             "setup": {m: knobs_of(m, args) for m in models},
             "mlp_probe_lines": args.mlp_probe, "wall_seconds": round(time.perf_counter() - t0, 1),
             "trace_sources": sources}
     if sweep_runs:
         meta["sweep_runs"] = sweep_runs
+    if seed_runs:
+        meta["seed_runs"] = seed_runs
     return compose_all(runs, models, configs, meta, args.mlp_interval)
 
 

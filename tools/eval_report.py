@@ -486,7 +486,8 @@ def _markdown(result: dict, figs: dict[str, str]) -> str:
     for m in models:
         extra = sorted({k for c in configs for k in ((idx.get((m, c)) or {}).get("breakdown_ms") or {})
                         if k not in BREAKDOWN_KEYS})
-        head = (["config", "batch ms", "speedup vs PMEM"] + [f"{k.replace('_', ' ')} ms" for k in BREAKDOWN_KEYS]
+        head = (["config", "batch ms", "batch ms [min, max]", "speedup vs PMEM"]
+                + [f"{k.replace('_', ' ')} ms" for k in BREAKDOWN_KEYS]
                 + [f"{k} ms" for k in extra] + ["energy mJ", "energy saving vs PMEM", "verified"])
         rows = []
         for c in configs:
@@ -496,7 +497,10 @@ def _markdown(result: dict, figs: dict[str, str]) -> str:
                 continue
             bd = r.get("breakdown_ms") if isinstance(r.get("breakdown_ms"), dict) else {}
             sp = _speedup(idx, m, c)
-            rows.append([_label(c), _fmt(r.get("batch_time_ms")), _fmt_x(sp)]
+            spread = (r.get("stats") or {}).get("batch_time_ms")
+            rows.append([_label(c), _fmt(r.get("batch_time_ms")),
+                         f"[{_fmt(spread['min'])}, {_fmt(spread['max'])}] (n={spread['n']})" if spread else "-",
+                         _fmt_x(sp)]
                         + [_fmt(bd.get(k)) for k in BREAKDOWN_KEYS] + [_fmt(bd.get(k)) for k in extra]
                         + [_fmt(r.get("energy_mj")), _fmt_pct(_energy_saving(idx, m, c)),
                            "yes" if _ok(r) else "**NO**"])
@@ -522,6 +526,17 @@ def _markdown(result: dict, figs: dict[str, str]) -> str:
             counted += f"; excluded {'; '.join(s['excluded'])}"
         rows.append([s["name"], s["value"], s["paper"], counted])
     md += _md_table(["figure", "this run", "paper", "models"], rows, {1, 2}) + [""]
+    stats = result.get("statistics") or {}
+    if stats.get("ratios"):
+        from tools.eval_sensitivity import PAPER_RATIOS, RATIOS
+        from tools.eval_stats import fmt
+        md += [f"**Spread** over {len(stats.get('seeds', []))} seed(s) x steady batches "
+               f"{stats.get('steady_batches')} (each sample composed alone; MLP log every "
+               f"{stats.get('mlp_interval')} batch(es)): median [min, max] of the geomean over the models.", ""]
+        md += _md_table(["ratio", "median [min, max]", "samples", "paper"],
+                        [[f"{name} ({a} / {b} batch time)", fmt(stats["ratios"].get(name)),
+                          str((stats["ratios"].get(name) or {}).get("n", "-")), _fmt_x(PAPER_RATIOS[name])]
+                         for name, (a, b) in RATIOS.items()], {1, 2, 3}) + [""]
 
     md += ["## Notes", ""]
     notes = meta.get("notes") or []

@@ -17,8 +17,10 @@ sim/bfm/gpu_agent.py: the layer layout (fan_in, fan_out, w_offset, b_offset) com
   ``grad_pooled``: list of (B, dim_t) fp32, d loss / d pooled[t]; ``probs``: (B,) fp32 outputs.
 
 ``forward(params, dense, pooled) -> probs`` is the forward pass alone.
-``sgd(params, grad_params, lr)`` returns ``params - fp32(lr) * grad_params`` in fp32 (a new
-array; the zero padding of a valid image stays zero since its gradient is zero).
+``sgd(params, grad_params, lr)`` returns ``fma(-fp32(lr), grad_params, params)`` in fp32, one
+rounding per element as torch's ``p.add_(g, alpha=-lr)`` (ATen's add kernel fuses the
+multiply-add), and as the device's UPDATE does for the tables (a new array; the zero padding
+of a valid image stays zero since its gradient is zero).
 ``tril_pairs(F)``, ``dot_interaction(T)`` and ``dot_interaction_backward(T, g)`` are the
 interaction on its own (T: (B, F, d)).
 
@@ -109,13 +111,22 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return np.where(z >= 0, one / (one + e), e / (one + e)).astype(F32, copy=False)
 
 
+SGD_CHUNK = 1 << 20              # elements per fma call: bounds the float64 temporaries
+
+
 def sgd(params: np.ndarray, grad_params: np.ndarray, lr: float) -> np.ndarray:
-    """params - fp32(lr) * grad_params, in fp32 (a new array)."""
+    """fma(-fp32(lr), grad_params, params): params - lr * grad rounded once, in fp32 (a new array)."""
+    from sim.model.embedding import fma_f32
     params = np.asarray(params, dtype=F32)
     grad_params = np.asarray(grad_params, dtype=F32)
     if params.shape != grad_params.shape:
         raise ValueError(f"params {params.shape} and grad {grad_params.shape} differ in shape")
-    return params - F32(lr) * grad_params
+    out = np.empty_like(params)
+    flat_p, flat_g, flat_o = params.reshape(-1), grad_params.reshape(-1), out.reshape(-1)
+    neg_lr = -F32(lr)
+    for i in range(0, flat_p.size, SGD_CHUNK):
+        flat_o[i:i + SGD_CHUNK] = fma_f32(neg_lr, flat_g[i:i + SGD_CHUNK], flat_p[i:i + SGD_CHUNK])
+    return out
 
 
 class DlrmMlp:

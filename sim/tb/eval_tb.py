@@ -30,7 +30,7 @@ from sim.env import DeviceEnv
 from sim.model.checkpoint import batch_rows
 from sim.model.dlrm import get_preset
 from sim.model.trace import TraceKnobs, generate_trace, read_trace
-from sim.system import SystemRun
+from sim.system import TRAINING_LR, SystemRun
 from sim.tb.ndp_run_tb import recorded
 
 
@@ -69,10 +69,13 @@ async def training_eval(dut):
         trace = generate_trace(preset, batches, env.seed, knobs)
         source = {"kind": "preset", "preset": model, "seed": env.seed}
     m = trace.manifest
+    # The eval trains tables and MLP at TRAINING_LR (sim/system.py says why not the presets'
+    # DLRM rate); the manifest of the trace it trains says so, and SystemRun reads it there.
+    m["optimizer"] = {**m["optimizer"], "lr": TRAINING_LR}
     result = {"model": model, "order": order, "seed": env.seed, "batch_size": m["batch_size"], "trace_source": source,
               "rows_cap": knobs.rows_cap, "batches": batches, "verified": False, "clock_mhz": env.config.clock_mhz,
               "workload": [batch_workload(m, b) for b in trace.batches],
-              "table_lines": sum(t["rows"] * (t["dim"] // 16) for t in m["tables"])}
+              "table_lines": sum(t["rows"] * (t["dim"] // 16) for t in m["tables"]), "lr": TRAINING_LR}
     t0 = time.perf_counter()
     with recorded(result):
         image = mlp_image_lines(preset)
