@@ -158,7 +158,7 @@ def test_golden_training_loss_falls():
 def _args(**kw):
     base = dict(models="rm1", configs="pmem,cxl", batches=3, seed=1, json="x.json", report=None,
                 batch_size=None, rows_cap=None, mlp_probe=4096, recompose=None, scale="default",
-                sweep_batch_sizes=None, mlp_interval=1, seeds=1)
+                sweep_batch_sizes=None, mlp_interval=1, seeds=1, labels="learnable")
     base.update(kw)
     return argparse.Namespace(**base)
 

@@ -77,6 +77,9 @@ DEFAULT_MLP_PROBE = 4096
 # report keeps each configuration's own policy (CXL over up to MAX_MLP_LAG batches).
 DEFAULT_MLP_INTERVAL = 1
 DEFAULT_SEEDS = 1
+# Labels that depend on the features (sim/model/trace.py step 5), so the losses show learning;
+# they change no device cycle (the commands never read labels).
+DEFAULT_LABELS = "learnable"
 
 
 class EvalError(CliError):
@@ -108,6 +111,8 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--seeds", type=positive_int, default=DEFAULT_SEEDS, metavar="N",
                    help=f"trace seeds --seed .. --seed+N-1 (default {DEFAULT_SEEDS}): every figure also as "
                         "min/median/max over the seeds' steady batches")
+    p.add_argument("--labels", choices=("random", "learnable"), default=DEFAULT_LABELS,
+                   help=f"generated traces' labels (default {DEFAULT_LABELS}: a function of the dense features)")
     p.add_argument("--mlp-interval", type=positive_int, default=DEFAULT_MLP_INTERVAL, metavar="K",
                    help="equal durability: every configuration logs the whole MLP every K batches "
                         f"(default {DEFAULT_MLP_INTERVAL}); each configuration's own policy is reported too")
@@ -177,7 +182,8 @@ def knobs_of(model: str, args) -> dict:
     if bound is not None:
         return {"batch_size": bound[1].batch_size, "rows_cap": None}
     s = (PAPER_SETUP if getattr(args, "scale", "default") == "paper" else SETUP)[model]
-    return {"batch_size": args.batch_size or s["batch_size"], "rows_cap": args.rows_cap or s["rows_cap"]}
+    return {"batch_size": args.batch_size or s["batch_size"], "rows_cap": args.rows_cap or s["rows_cap"],
+            "labels": getattr(args, "labels", DEFAULT_LABELS)}
 
 
 def check_fits(model: str, args) -> None:
@@ -426,7 +432,7 @@ def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict,
             by_batch.setdefault(str(main_b), runs)
     first = next((r for m in models for r in runs[m].values() if r.get("commands")), None)
     return {"results": results,
-            "statistics": {"seeds": [int(s) for s in runs_by_seed], "mlp_interval": mlp_interval,
+            "statistics": {"seeds": [int(s) if s.isdigit() else s for s in runs_by_seed], "mlp_interval": mlp_interval,
                            "steady_batches": steady_batches(first) if first else [],
                            "samples": "every (seed, steady batch), each composed alone",
                            "ratios": ratio_stats(runs_by_seed, models, mlp_interval)},

@@ -450,6 +450,25 @@ def _fence(text: str) -> list[str]:
     return ["`" * n + "text"] + text.rstrip("\n").splitlines() + ["`" * n]
 
 
+def _training(result: dict, models: list[str], idx: dict) -> list[str]:
+    """The loss of every batch per model and order (main seed), with the trace's label kind."""
+    setup = (result.get("meta") or {}).get("setup") or {}
+    rows = []
+    for m in models:
+        exact = next((idx[(m, c)].get("loss") for c in ("cxl-d", "pmem", "pcie", "cxl-b") if (m, c) in idx), None)
+        relaxed = (idx.get((m, "cxl")) or {}).get("loss")
+        kind = (setup[m].get("labels") or "random") if setup.get(m) else "from the trace"   # older runs: random
+        rows.append([m, kind,
+                     ", ".join(f"{x:.4f}" for x in exact or []) or "-",
+                     ", ".join(f"{x:.4f}" for x in relaxed or []) or "-"])
+    if not any(r[2] != "-" or r[3] != "-" for r in rows):
+        return []
+    return ["## Training", "", "Loss of each batch (batch 0 first), exact order (PMEM, PCIe, CXL-D, CXL-B) and "
+            "relaxed order (CXL). Labels `learnable` depend on the dense features (sim/model/trace.py), so "
+            "the loss falls; `random` labels leave nothing to learn.", ""] + \
+        _md_table(["model", "labels", "exact", "relaxed"], rows, set()) + [""]
+
+
 def _markdown(result: dict, figs: dict[str, str]) -> str:
     idx = _index(result)
     meta = result.get("meta") or {}
@@ -518,6 +537,7 @@ def _markdown(result: dict, figs: dict[str, str]) -> str:
         if m in figs:
             md += [f"![{m} timeline]({figs[m]})", ""]
 
+    md += _training(result, models, idx)
     md += ["## Summary", "", "Over verified results only; each line says which models count.", ""]
     rows = []
     for s in _summary(result):

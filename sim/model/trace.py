@@ -21,7 +21,7 @@ Members:
                                "std": float, "max_len": int, "empty_prob": float},
                    "alpha": float (Zipf exponent; 0 = uniform)}
     generator     the knobs used: {"rows_cap", "batch_size", "alpha", "pooling", "empty_prob",
-                  "duplicates", "reuse", "weights"} (null = the preset's value); null in an
+                  "duplicates", "reuse", "weights", "labels"} (null = the preset's value); null in an
                   imported trace
     origin        optional; absent = generated from preset and seed. An imported trace
                   (``trainingcxl trace import``) has {"format": "criteo-tsv" | "fbgemm-pt",
@@ -60,7 +60,11 @@ draws, table by table:
 3. with probability ``reuse`` an index is replaced by one drawn uniformly from the previous
    batch's indices of the same table (FBGEMM's inter-batch reuse);
 4. without duplicates, an index repeating one earlier in its bag is redrawn until none do;
-5. weights uniform in [0, 1), dense features log(1 + Exp(1)), labels Bernoulli(0.25).
+5. weights uniform in [0, 1), dense features log(1 + Exp(1)), labels Bernoulli(0.25)
+   (``labels="random"``, the default) or, with ``labels="learnable"``, a function of the
+   features at the same positive rate: 1 when dense features 0 and 1 both exceed
+   log(1 + ln 2) (each true for half the samples; the uniform draw is still made, so every
+   other array is the same as with random labels).
 """
 from __future__ import annotations
 
@@ -82,6 +86,7 @@ MANIFEST = "manifest.json"
 ARRAYS = ("offsets", "indices", "weights", "dense", "labels")
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 CLICK_RATE = 0.25          # Criteo's positive rate is ~0.25
+LABEL_KINDS = ("random", "learnable")
 _DEDUP_ROUNDS = 64         # redraw rounds before the exhaustive fallback
 
 
@@ -100,6 +105,7 @@ class TraceKnobs:
     duplicates: bool = True
     reuse: float = 0.0
     weights: bool | None = None          # None: iff some table pools weighted_sum
+    labels: str = "random"               # or "learnable": a function of the features (step 5)
 
     def __post_init__(self):
         if self.rows_cap is not None and self.rows_cap < 1:
@@ -114,6 +120,8 @@ class TraceKnobs:
             raise ValueError(f"empty_prob must be in [0, 1], got {self.empty_prob}")
         if not 0.0 <= self.reuse <= 1.0:
             raise ValueError(f"reuse must be in [0, 1], got {self.reuse}")
+        if self.labels not in LABEL_KINDS:
+            raise ValueError(f"labels must be one of {LABEL_KINDS}, got {self.labels!r}")
 
 
 @dataclass(frozen=True)
@@ -405,6 +413,8 @@ def _batches(m: dict, knobs: TraceKnobs) -> Iterator[TraceBatch]:
         weights = rng.random(indices.size, dtype=np.float32) if m["has_weights"] else None
         dense = np.log1p(rng.exponential(1.0, (B, m["num_dense"]))).astype(np.float32)
         labels = (rng.random(B) < CLICK_RATE).astype(np.float32)
+        if knobs.labels == "learnable":     # P(Exp(1) > ln 2) = 1/2 per feature: CLICK_RATE in all
+            labels = (dense[:, :2] > np.log1p(np.log(2.0))).all(axis=1).astype(np.float32)
         yield TraceBatch(offsets, indices, weights, dense, labels)
 
 

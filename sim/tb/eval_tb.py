@@ -58,7 +58,8 @@ async def training_eval(dut):
     order = os.environ.get("TCXL_EVAL_ORDER", "exact")
     batches = int(os.environ.get("TCXL_EVAL_BATCHES", "3"))
     probe = int(os.environ.get("TCXL_EVAL_MLP_PROBE", "4096"))
-    knobs = TraceKnobs(rows_cap=_int_env("TCXL_EVAL_ROWS_CAP"), batch_size=_int_env("TCXL_EVAL_BATCH_SIZE"))
+    knobs = TraceKnobs(rows_cap=_int_env("TCXL_EVAL_ROWS_CAP"), batch_size=_int_env("TCXL_EVAL_BATCH_SIZE"),
+                       labels=os.environ.get("TCXL_EVAL_LABELS", "random"))
     preset = get_preset(model)                  # resolved once here and passed down
     if os.environ.get("TCXL_EVAL_TRACE"):       # a file already bound to the model (tools/trace_source.py)
         trace = read_trace(os.environ["TCXL_EVAL_TRACE"])
