@@ -340,6 +340,18 @@ def test_device_block_on_xcup(device_modules, tmp_path):
     assert not (tmp_path / f"{CI_BLOCK}.net.json").exists()   # the netlist is analysed, then dropped
 
 
+def test_fp32_divider_maps_from_rtlil(device_modules, tmp_path):
+    """update's FP32 divider read as RTLIL: without RTLIL_PREP (Amaranth's ``proc -nomux
+    -norom``) synth_xilinx made ROMs of its switch statements and ABC9's check aborted
+    Yosys 0.70 there, which ended a whole-device ``make synth`` after 18 minutes."""
+    top = "trainingcxl_device.update.div"
+    (tmp_path / "div.il").write_text("".join(t for n, t in device_modules.items() if n == top or
+                                             n.startswith(top + ".")))
+    r = synthesize(tmp_path / "div.il", top, "xcup", tmp_path / "keep", timeout=300, say=lambda *a, **kw: None)
+    assert r["ok"], r["error"]
+    assert r["lut"] > 0 and r["logic_levels"] > 0
+
+
 def test_tiny_block_on_xcup(tiny_verilog, tmp_path):
     r = synthesize(tiny_verilog, "tiny", "xcup", tmp_path, timeout=120, say=lambda *a, **kw: None)
     assert r["ok"], r

@@ -149,10 +149,17 @@ def synth_commands(target: str, top: str, share: str = "fast", flatten: bool = T
     return [f"{base} -run :coarse", *(c.format(opt=" -fast") for c in COARSE), f"{base} -run map_memory:"]
 
 
+# After read_rtlil, the processes are lowered as Amaranth's own Verilog backend does before it
+# writes Verilog (amaranth/back/verilog.py): without it synth_xilinx's ``proc`` turns switch
+# statements into ROMs, and ABC9's equivalence check asserts on the FP32 divider's (Yosys 0.70).
+RTLIL_PREP = "proc -nomux -norom\nmemory_collect"
+
+
 def read_command(design: pathlib.Path | str) -> str:
-    """The Yosys frontend for a design file: ``read_rtlil`` for ``.il``, else ``read_verilog``."""
+    """The Yosys frontend for a design file: ``read_rtlil`` (and RTLIL_PREP) for ``.il``, else
+    ``read_verilog``."""
     name = pathlib.PurePath(design).name
-    return f"read_rtlil {name}" if name.endswith(".il") else f"read_verilog {name}"
+    return f"read_rtlil {name}\n{RTLIL_PREP}" if name.endswith(".il") else f"read_verilog {name}"
 
 
 def yosys_script(design: pathlib.Path, top: str, target: str, stats: pathlib.Path, share: str = "fast",
