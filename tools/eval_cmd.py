@@ -488,7 +488,7 @@ def evaluate(args) -> dict:
         runs, models, configs, meta = load_stored_runs(args.recompose)
         print(f"[eval] recomposing the runs in {args.recompose} with the current parameters",
               file=sys.stderr, flush=True)
-        return compose_all(runs, models, configs, meta, args.mlp_interval)
+        return compose_all(runs, models, configs, meta, getattr(args, "mlp_interval", DEFAULT_MLP_INTERVAL))
     models, configs = check_request(args)
     with tempfile.TemporaryDirectory() as tmp:
         sources = bind_traces(args, models, pathlib.Path(tmp))
@@ -507,7 +507,7 @@ def evaluate(args) -> dict:
         meta["sweep_runs"] = sweep_runs
     if seed_runs:
         meta["seed_runs"] = seed_runs
-    return compose_all(runs, models, configs, meta, args.mlp_interval)
+    return compose_all(runs, models, configs, meta, getattr(args, "mlp_interval", DEFAULT_MLP_INTERVAL))
 
 
 def bind_traces(args, models: list[str], tmp: pathlib.Path) -> dict:
