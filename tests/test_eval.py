@@ -234,6 +234,7 @@ def test_reduced_eval_on_the_rtl(tmp_path):
     assert fair[-1]["own"] != fair[0]["own"]            # the earlier choices move the ratios
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Sensitivity" in md and "(fig_sensitivity.png)" in md and "## Fairness ablation" in md
+    assert "## Training" in md and "| rm4 | learnable |" in md and "**Spread**" in md
     assert (tmp_path / "report" / "fig_sensitivity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The stored runs compose again without simulating, to the same figures.
     again = tmp_path / "again.json"
@@ -300,7 +301,7 @@ def test_links_share_one_efficiency_model():
 
 def test_staged_copies_stream_when_pipelined():
     on, off = DEFAULT_PARAMS, with_modelling(pipelined_staging=False)
-    assert staged_ms(on, [1.0, 3.0], setups=2) == pytest.approx(3.0 + 2 * on.software.copy_setup_us * 1e-3)
+    assert staged_ms(on, [1.0, 3.0]) == pytest.approx(3.0)
     assert staged_ms(off, [1.0, 3.0]) == pytest.approx(4.0)
     for c in ("pmem", "pcie"):
         a, b = _one(c, on), _one(c, off)
@@ -371,3 +372,70 @@ def test_modelling_switches_are_the_documented_six():
     assert describe()["modelling"] == dict.fromkeys(MODELLING_CHOICES, True)
     with pytest.raises(TypeError):
         with_modelling(no_such_switch=False)
+
+
+# ---- statistics over seeds x steady batches (tools/eval_stats.py) and the seed units
+def _fake_run(order: str, log_cycles: list[int], lookups: list[int], model: str = "rm1") -> dict:
+    """A training_eval-shaped result without a simulation: per-batch command cycles and workload."""
+    cmds = []
+    for k, (log, n) in enumerate(zip(log_cycles, lookups)):
+        c = {"batch": k, "log": log, "update": 2 * n, "mlp_log": 14_000}
+        c["lookup_relaxed" if order == "relaxed" and k else "lookup"] = n
+        cmds.append(c)
+    wl = [{"lookups": n, "lookup_lines": 2 * n, "unique_rows": n // 4, "unique_lines": n // 2, "output_bytes": 8192}
+          for n in lookups]
+    return {"model": model, "order": order, "clock_mhz": 500, "mlp_probe_lines": 4096, "batch_size": 64,
+            "image_lines": 100_000, "mlp_params": 1_600_000, "rows_cap": 2048, "table_lines": 10**7,
+            "commands": cmds, "workload": wl}
+
+
+def _fake_runs(log_cycles, lookups, model="rm1"):
+    return {model: {o: _fake_run(o, log_cycles, lookups, model) for o in ("exact", "relaxed")}}
+
+
+def test_statistics_span_seeds_and_steady_batches_only():
+    from tools.eval_sensitivity import compose_run
+    from tools.eval_stats import ratio_stats, result_stats
+    # Batch 0 is 100x slower (a warm-up): it must not count. Seed 2 has a longer LOG.
+    seeds = {"1": _fake_runs([10**8, 100_000, 120_000], [9000, 10_000, 11_000]),
+             "2": _fake_runs([10**8, 300_000, 200_000], [9000, 12_000, 10_500])}
+    st = result_stats(seeds, "rm1", ["pmem", "cxl-d", "cxl"], 1)
+    per = {(s, k): compose_run(seeds[s]["rm1"], "rm1", "cxl-d", 1, batch=k).batch_time_ms
+           for s in seeds for k in (1, 2)}
+    got = st["cxl-d"]["batch_time_ms"]
+    assert got["n"] == 4 and (got["min"], got["max"]) == (min(per.values()), max(per.values()))
+    assert got["median"] == pytest.approx(sorted(per.values())[1] / 2 + sorted(per.values())[2] / 2)
+    assert got["max"] < compose_run(seeds["1"]["rm1"], "rm1", "cxl-d", 1, batch=0).batch_time_ms / 10
+    # Speedups pair the same (seed, batch): PMEM's time over CXL-D's.
+    pmem = {(s, k): compose_run(seeds[s]["rm1"], "rm1", "pmem", 1, batch=k).batch_time_ms
+            for s in seeds for k in (1, 2)}
+    paired = sorted(pmem[key] / per[key] for key in per)
+    sp = st["cxl-d"]["speedup_vs_pmem"]
+    assert (sp["min"], sp["max"], sp["n"]) == (pytest.approx(paired[0]), pytest.approx(paired[-1]), 4)
+    assert {f"breakdown_ms.{k}" for k in BREAKDOWN} <= set(st["cxl"])
+    # The headline ratios: the geomean over the models of each (seed, batch) sample.
+    two = {s: {**r, **{"rm4": _fake_runs([10**8, 50_000, 60_000], [3000, 3100, 3200], "rm4")["rm4"]}}
+           for s, r in seeds.items()}
+    ratios = ratio_stats(two, ["rm1", "rm4"], 1)["cxl_d_over_pcie"]
+    rm4 = {(s, k): compose_run(two[s]["rm4"], "rm4", "pcie", 1, batch=k).batch_time_ms
+           / compose_run(two[s]["rm4"], "rm4", "cxl-d", 1, batch=k).batch_time_ms for s in two for k in (1, 2)}
+    rm1 = {(s, k): compose_run(two[s]["rm1"], "rm1", "pcie", 1, batch=k).batch_time_ms / per[(s, k)]
+           for s in two for k in (1, 2)}
+    geo = sorted((rm1[key] * rm4[key]) ** 0.5 for key in rm1)
+    assert ratios["n"] == 4 and ratios["min"] == pytest.approx(geo[0]) and ratios["max"] == pytest.approx(geo[-1])
+
+
+def test_seed_units_and_their_placement(monkeypatch):
+    from tools import eval_cmd
+    args = _args(models="rm4", configs="pmem,cxl", seeds=3, seed=7, sweep=[])
+    units = eval_cmd.simulation_units(args, ["rm4"], ["pmem", "cxl"])
+    assert [(k, o, a.seed) for k, _, o, a in units] == [
+        (None, "exact", 7), (None, "relaxed", 7), (("seed", 8), "exact", 8), (("seed", 8), "relaxed", 8),
+        (("seed", 9), "exact", 9), (("seed", 9), "relaxed", 9)]
+    assert eval_cmd.unit_name(units[2]) == "rm4 exact (seed 8)"
+    monkeypatch.setattr(eval_cmd, "run_unit", lambda unit: {"seed": unit[3].seed, "order": unit[2]})
+    runs, sweep_runs, seed_runs = eval_cmd.simulate(args, ["rm4"], ["pmem", "cxl"])
+    assert runs == {"rm4": {"exact": {"seed": 7, "order": "exact"}, "relaxed": {"seed": 7, "order": "relaxed"}}}
+    assert sweep_runs == {} and {s: r["rm4"]["relaxed"]["seed"] for s, r in seed_runs.items()} == {"8": 8, "9": 9}
+    with pytest.raises(eval_cmd.EvalError, match="--seeds applies to generated traces"):
+        eval_cmd.check_request(_args(models="rm4", trace="x.npz", seeds=2))

@@ -27,23 +27,28 @@ DEFAULT_INTERVALS = (1, 8, 64, 1024)
 OWN_POLICY = "own"                   # the mlp_interval label of each configuration's own policy
 
 
-def batch_times(runs: dict, model: str, mlp_interval: int | None, params=None) -> dict:
-    """{config: batch time (ms)} of one model's runs ({order: training_eval result}), composed
-    with ``params`` (sim/model/system_params.py; None: the defaults)."""
+def compose_run(runs: dict, model: str, config: str, mlp_interval: int | None, params=None,
+                batch: int | None = None):
+    """``BatchResult`` of ``config`` from one model's runs ({order: training_eval result}):
+    the steady-state mean (``batch`` None) or one batch alone, composed with ``params``
+    (sim/model/system_params.py; None: the defaults); None when the order did not run."""
     from sim.bfm.gpu_agent import mlp_timing
     from sim.model.system_params import DEFAULT_PARAMS
-    from sim.model.system_timing import CONFIGS, compose
+    from sim.model.system_timing import compose
     from tools.eval_cmd import measured_of
-    out = {}
-    for config in CONFIGS:
-        order = "relaxed" if config == "cxl" else "exact"
-        run = runs.get(order) or {}
-        if not run.get("commands"):
-            continue
-        m, w = measured_of(runs.get("exact"), runs.get("relaxed"), order)
-        out[config] = compose(config, w, m, mlp_timing(model, w.batch_size, m.clock_mhz), params or DEFAULT_PARAMS,
-                              mlp_interval=mlp_interval).batch_time_ms
-    return out
+    order = "relaxed" if config == "cxl" else "exact"
+    if not (runs.get(order) or {}).get("commands"):
+        return None
+    m, w = measured_of(runs.get("exact"), runs.get("relaxed"), order, batch=batch)
+    return compose(config, w, m, mlp_timing(model, w.batch_size, m.clock_mhz), params or DEFAULT_PARAMS,
+                   mlp_interval=mlp_interval)
+
+
+def batch_times(runs: dict, model: str, mlp_interval: int | None, params=None) -> dict:
+    """{config: steady-state batch time (ms)} of one model's runs."""
+    from sim.model.system_timing import CONFIGS
+    results = {config: compose_run(runs, model, config, mlp_interval, params) for config in CONFIGS}
+    return {config: r.batch_time_ms for config, r in results.items() if r is not None}
 
 
 def ratio_row(runs: dict, models: list[str], mlp_interval: int | None, params=None) -> dict:

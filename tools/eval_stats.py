@@ -19,30 +19,21 @@ from __future__ import annotations
 import math
 import statistics
 
-from tools.eval_sensitivity import RATIOS
+from tools.eval_sensitivity import RATIOS, compose_run
 
 
 def summary(values: list[float]) -> dict:
     return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
 
 
-def _samples(runs: dict, model: str, config: str, mlp_interval: int | None, params=None) -> dict:
+def _samples(runs: dict, model: str, config: str, mlp_interval: int | None) -> dict:
     """{steady batch: BatchResult} of one seed's runs of ``model`` under ``config``."""
-    from sim.bfm.gpu_agent import mlp_timing
-    from sim.model.system_params import DEFAULT_PARAMS
-    from sim.model.system_timing import compose
-    from tools.eval_cmd import measured_of, steady_batches
-    order = "relaxed" if config == "cxl" else "exact"
+    from tools.eval_cmd import steady_batches
     model_runs = runs.get(model) or {}
-    run = model_runs.get(order) or {}
+    run = model_runs.get("relaxed" if config == "cxl" else "exact") or {}
     if not run.get("commands"):
         return {}
-    out = {}
-    for k in steady_batches(run):
-        m, w = measured_of(model_runs.get("exact"), model_runs.get("relaxed"), order, batch=k)
-        out[k] = compose(config, w, m, mlp_timing(model, w.batch_size, m.clock_mhz), params or DEFAULT_PARAMS,
-                         mlp_interval=mlp_interval)
-    return out
+    return {k: compose_run(model_runs, model, config, mlp_interval, batch=k) for k in steady_batches(run)}
 
 
 def _all_samples(runs_by_seed: dict, model: str, config: str, mlp_interval: int | None) -> dict:

@@ -117,12 +117,11 @@ def transfer_ms(link: Link, nbytes: float) -> float:
     return link.latency_ns * 1e-6 + nbytes / (link.bandwidth_gbps * 1e9) * 1e3
 
 
-def staged_ms(params: SystemParams, stages: list[float], setups: int = 0) -> float:
-    """A copy through several stages (each a duration for the whole copy) after ``setups``
-    software submissions: streamed chunk by chunk, the slowest stage bounds it
+def staged_ms(params: SystemParams, stages: list[float]) -> float:
+    """A copy through several stages (each a duration for the whole copy; the software setups
+    are the caller's steps): streamed chunk by chunk, the slowest stage bounds it
     (``pipelined_staging``); otherwise one stage after the other."""
-    setup = setups * params.software.copy_setup_us * 1e-3
-    return setup + (max(stages) if params.modelling.pipelined_staging else sum(stages))
+    return max(stages) if params.modelling.pipelined_staging else sum(stages)
 
 
 def dense_sgd_ms(params: SystemParams, w: Workload) -> float:
