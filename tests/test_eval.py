@@ -234,6 +234,7 @@ def test_reduced_eval_on_the_rtl(tmp_path):
     assert fair[-1]["own"] != fair[0]["own"]            # the earlier choices move the ratios
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Sensitivity" in md and "(fig_sensitivity.png)" in md and "## Fairness ablation" in md
+    assert "## Assumptions" in md and res["assumptions"]["gpu_efficiency"][1]["default"]
     assert "## Training" in md and "| rm4 | learnable |" in md and "**Spread**" in md
     assert (tmp_path / "report" / "fig_sensitivity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The stored runs compose again without simulating, to the same figures.
@@ -439,3 +440,37 @@ def test_seed_units_and_their_placement(monkeypatch):
     assert sweep_runs == {} and {s: r["rm4"]["relaxed"]["seed"] for s, r in seed_runs.items()} == {"8": 8, "9": 9}
     with pytest.raises(eval_cmd.EvalError, match="--seeds applies to generated traces"):
         eval_cmd.check_request(_args(models="rm4", trace="x.npz", seeds=2))
+
+
+# ---- the assumed constants' sensitivity (tools/eval_assumptions.py)
+def test_assumptions_move_only_what_they_touch():
+    import dataclasses
+
+    from sim.model.system_params import DEFAULT_PARAMS
+    from tools.eval_assumptions import assumption_rows, text_rows
+    from tools.eval_sensitivity import compose_run, ratio_row
+    runs = {**_fake_runs([10**8, 100_000, 120_000], [9000, 10_000, 11_000]),
+            **_fake_runs([10**8, 50_000, 60_000], [3000, 3100, 3200], "rm4")}
+    a = assumption_rows(runs, ["rm1", "rm4"], 1)
+    gpu = {r["gpu_efficiency"]: r for r in a["gpu_efficiency"]}
+    assert sorted(gpu) == [0.25, 0.5, 0.75] and [r["default"] for r in a["gpu_efficiency"]] == [False, True, False]
+    assert {k: v for k, v in gpu[0.5].items() if k not in ("gpu_efficiency", "default")} == ratio_row(
+        runs, ["rm1", "rm4"], 1)
+    # A slower GPU takes longer per batch in every configuration: the GPU's time must reach the
+    # composition (it did not before: SystemParams.gpu_efficiency was never read).
+    slow = dataclasses.replace(DEFAULT_PARAMS, gpu_efficiency=0.25)
+    assert compose_run(runs["rm1"], "rm1", "cxl", 1, slow).batch_time_ms > \
+        compose_run(runs["rm1"], "rm1", "cxl", 1).batch_time_ms
+    assert gpu[0.25]["cxl_over_pmem"] != gpu[0.75]["cxl_over_pmem"]
+    # Energy: the default row is 1 - E_CXL/E_PMEM per model; a change of a power moves it, and
+    # GPU efficiency rows leave energy alone (they are about time).
+    rows = {(r["field"], r["scale"]): r["energy_saving"] for r in a["energy"]}
+    e = {c: compose_run(runs["rm4"], "rm4", c, 1).energy_mj for c in ("pmem", "cxl")}
+    assert rows["default", 1.0]["rm4"] == pytest.approx(1 - e["cxl"] / e["pmem"])
+    default = rows["default", 1.0]
+    assert default["mean"] == pytest.approx((default["rm1"] + default["rm4"]) / 2)
+    assert rows["cpu_active_w", 2.0]["mean"] > rows["default", 1.0]["mean"] > rows["cpu_active_w", 0.5]["mean"]
+    assert rows["device_active_w", 2.0]["mean"] < rows["default", 1.0]["mean"]
+    assert len(rows) == 1 + 2 * len(dataclasses.fields(DEFAULT_PARAMS.energy))
+    md = "\n".join(text_rows(a))
+    assert "| 0.5 (default) |" in md and "| cpu_active_w x2 | 190 |" in md

@@ -295,8 +295,9 @@ def compose_model(model: str, configs: list[str], runs: dict,
     """One result per configuration: batch time, breakdown, timeline and energy with every
     configuration logging the MLP every ``mlp_interval`` batches (equal durability), and the
     same under each configuration's own MLP-log policy (``own_policy``)."""
-    from sim.bfm.gpu_agent import mlp_timing
+    from sim.model.system_params import DEFAULT_PARAMS
     from sim.model.system_timing import compose
+    from tools.eval_sensitivity import gpu_mlp_timing
     out = []
     for config in configs:
         order = "relaxed" if config == "cxl" else "exact"
@@ -309,7 +310,7 @@ def compose_model(model: str, configs: list[str], runs: dict,
             entry["error"] = run["error"]
         if run.get("commands"):
             m, w = measured_of(runs.get("exact"), runs.get("relaxed"), order)
-            mlp = mlp_timing(model, w.batch_size, m.clock_mhz)
+            mlp = gpu_mlp_timing(model, w.batch_size, m.clock_mhz, DEFAULT_PARAMS)
             r = compose(config, w, m, mlp, mlp_interval=mlp_interval)
             own = compose(config, w, m, mlp)
             # The same batch without any MLP log: how much of the difference the MLP image makes.
@@ -409,6 +410,7 @@ NOTES = [
 def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict,
                 mlp_interval: int = DEFAULT_MLP_INTERVAL) -> dict:
     from sim.model.system_params import describe
+    from tools.eval_assumptions import assumption_rows
     from tools.eval_fairness import fairness_rows
     from tools.eval_sensitivity import sensitivity
     from tools.eval_stats import ratio_stats, result_stats
@@ -438,6 +440,7 @@ def compose_all(runs: dict, models: list[str], configs: list[str], meta: dict,
                            "ratios": ratio_stats(runs_by_seed, models, mlp_interval)},
             "sensitivity": sensitivity(runs, models, by_batch),
             "fairness": fairness_rows(runs, models, mlp_interval),
+            "assumptions": assumption_rows(runs, models, mlp_interval),
             "meta": {**meta, "models": models, "configs": configs, "clock_mhz": clock, "paper": PAPER,
                      "mlp_interval": mlp_interval,
                      "notes": NOTES, "params": describe(), "runs": runs}}

@@ -593,6 +593,17 @@ def _markdown(result: dict, figs: dict[str, str]) -> str:
                "equal durability and with each configuration's own MLP-log policy. The JSON's `fairness` has "
                "the per-model values.", ""]
         md += fairness_rows(fair) + [""]
+    assumed = result.get("assumptions")
+    if assumed:
+        from tools.eval_assumptions import text_rows as assumption_text
+        md += ["## Assumptions", "",
+               "How far the assumed constants move the figures (equal durability: the MLP logged "
+               + ("every batch" if assumed["mlp_interval"] == 1 else f"every {assumed['mlp_interval']} batches")
+               + "). First the GPU's achieved fraction of its FP32 peak (0.5 is "
+               "an assumption, sim/bfm/gpu_agent.py), then each energy constant of sim/model/system_params.py "
+               "`Energy` at half and twice its value, one at a time (the field's comment says whether it is a "
+               "spec or an assumption). The JSON's `assumptions` has the per-model values.", ""]
+        md += assumption_text(assumed) + [""]
     md += ["## Figures", "", f"![Fig. 11 speedup over PMEM]({figs['fig11']})", "",
            f"![Fig. 13 energy per batch normalised to PMEM]({figs['fig13']})", ""]
     md += [f"- [{m} timeline]({figs[m]})" for m in models if m in figs] + [""]

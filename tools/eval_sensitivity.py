@@ -32,16 +32,22 @@ def compose_run(runs: dict, model: str, config: str, mlp_interval: int | None, p
     """``BatchResult`` of ``config`` from one model's runs ({order: training_eval result}):
     the steady-state mean (``batch`` None) or one batch alone, composed with ``params``
     (sim/model/system_params.py; None: the defaults); None when the order did not run."""
-    from sim.bfm.gpu_agent import mlp_timing
     from sim.model.system_params import DEFAULT_PARAMS
     from sim.model.system_timing import compose
     from tools.eval_cmd import measured_of
     order = "relaxed" if config == "cxl" else "exact"
     if not (runs.get(order) or {}).get("commands"):
         return None
+    params = params or DEFAULT_PARAMS
     m, w = measured_of(runs.get("exact"), runs.get("relaxed"), order, batch=batch)
-    return compose(config, w, m, mlp_timing(model, w.batch_size, m.clock_mhz), params or DEFAULT_PARAMS,
+    return compose(config, w, m, gpu_mlp_timing(model, w.batch_size, m.clock_mhz, params), params,
                    mlp_interval=mlp_interval)
+
+
+def gpu_mlp_timing(model: str, batch_size: int, clock_mhz: float, params):
+    """The GPU's MLP timing under ``params`` (its peak FLOP/s and achieved fraction)."""
+    from sim.bfm.gpu_agent import mlp_timing
+    return mlp_timing(model, batch_size, clock_mhz, params.gpu_efficiency, params.gpu_peak_flops)
 
 
 def batch_times(runs: dict, model: str, mlp_interval: int | None, params=None) -> dict:

@@ -24,7 +24,10 @@ trace ran: ``{"kind": "preset", "preset", "seed", "knobs"}`` or ``{"kind": "file
 occurrences), ``lines_read`` (media lines the LOOKUPs read, from their completions),
 ``cycles_lookup`` / ``cycles_update`` (sum of the completions' cycle counts: descriptor
 fetch to durable completion), ``bound_cycles_lookup`` / ``bound_cycles_update``,
-``lookup_efficiency`` / ``update_efficiency`` (bound / cycles), ``durable_cycles_*`` (the
+``lookup_efficiency`` / ``update_efficiency`` (bound / cycles: media utilisation),
+``physical_bound_cycles_*`` and ``lookup_physical_efficiency`` / ``update_physical_efficiency``
+(the least traffic the command needs over the same cycles, sim/tb/min_traffic.py),
+``efficiency_bounds`` (what each figure's bound counts), ``durable_cycles_*`` (the
 same plus the completion write until durable: NDP_LAST_CYCLES), ``sim_cycles_per_second``
 (simulated cycles per wall second over the batch loop, backdoor loads and golden model
 included),
@@ -186,10 +189,12 @@ def run_embedding(args) -> dict:
 
 
 SUMMARY_KEYS = ("verified", "model", "seed", "lookups", "lines_read", "cycles_lookup", "bound_cycles_lookup",
-                "lookup_efficiency", "cycles_update", "bound_cycles_update", "update_efficiency",
+                "lookup_efficiency", "lookup_physical_efficiency", "cycles_update", "bound_cycles_update",
+                "update_efficiency", "update_physical_efficiency",
                 "sim_cycles_per_second", "bound_source", "wall_seconds", "error")
 BATCH_COLUMNS = ("batch", "lookups", "unique_rows", "cycles_lookup", "bound_cycles_lookup", "lookup_efficiency",
-                 "cycles_update", "bound_cycles_update", "update_efficiency")
+                 "lookup_physical_efficiency", "cycles_update", "bound_cycles_update", "update_efficiency",
+                 "update_physical_efficiency")
 
 
 def format_result(result: dict) -> str:

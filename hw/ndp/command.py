@@ -140,8 +140,8 @@ class EngineStats(data.Struct):
     lookups: 32                  # index occurrences processed
     rows_read: 32                # table rows read from media
     rows_written: 32             # table rows written to media
-    unique_rows: 32              # UPDATE, LOG: distinct (table, row) pairs in the batch
-                                 # (LOG: the entries; RECOVER: entries rolled back)
+    unique_rows: 32              # LOG: distinct (table, row) pairs in the batch (its entries,
+                                 # exact); RECOVER: entries checked; LOOKUP, UPDATE: 0
     lines_read: 32               # all media lines read (rows, arrays, gradients)
     lines_written: 32            # all media lines written (rows, device-memory outputs)
     lines_pushed: 32             # lines pushed over CXL.cache

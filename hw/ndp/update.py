@@ -63,15 +63,13 @@ Stats (EngineStats, valid with ``done``, also after an error): lookups = occurre
 applied; rows_read / rows_written = row fills / row write-backs (equal on success);
 lines_read = every line read: offsets and used indices twice (once per pass), weights
 (when has_weights), the gradients of non-empty bags, rows; lines_written = row lines
-written; lines_pushed = 0. unique_rows = row fills of rows this command had not evicted
-before, as far as a filter of 4*scratch_lines entries (hash of the row address -> 16-bit
-command epoch) can tell. It is exact when no row was evicted (then it equals rows_read).
-With evictions a re-read row never counts, and a new row whose hash hits an evicted one is
-missed: a lower bound, low by about (evicted rows)/(4*scratch_lines) of the misses. The epoch
-aliases after 65536 commands (a stale entry could then hide one row: stats only).
+written; lines_pushed = 0; unique_rows = 0. UPDATE does not count distinct rows: with
+evictions that needs a set as large as the batch's rows (an earlier 4*scratch_lines hash
+filter gave only a lower bound, 4,244 for rm1's 16,372 at batch 64). LOG counts them exactly
+(its entries), and the tests compare that with the trace's distinct (table, row) pairs.
 
-After reset (power-up) the engine first clears its tag, slot, arrival and filter memories,
-one entry per cycle for 4*scratch_lines cycles (``Main.INIT``, busy): memories keep their
+After reset (power-up) the engine first clears its tag, slot and arrival memories,
+one entry per cycle for max(scratch_lines, 256) cycles (``Main.INIT``, busy): memories keep their
 contents through a reset, and a stale valid tag would make a command update a row it never
 read. A ``start`` during that sweep is held and runs when it ends.
 
@@ -403,8 +401,7 @@ class UpdateEngine(wiring.Component):
         W = self.WAYS
         WB_ = ceil_log2(W)
         TSB = SB - 1                            # tag sets = scratch_lines / 2
-        FB = SB + 2                             # evicted-rows filter entries = 4 * scratch_lines
-        init_sweep = max(1 << TSB, SL, self.GRAD_LINES, 1 << FB)   # the deepest memory INIT clears
+        init_sweep = max(1 << TSB, SL, self.GRAD_LINES)   # the deepest memory INIT clears
         PB = self.payload_bits
         cmd = self.ctl.cmd
         tab = self.ctl.table
@@ -430,12 +427,10 @@ class UpdateEngine(wiring.Component):
         err_info = Signal(32)
         media_err = Signal()
         media_info = Signal(32)
-        epoch = Signal(16, init=1)
 
         st_lookups = Signal(32)
         st_rows_read = Signal(32)
         st_rows_written = Signal(32)
-        st_unique = Signal(32)
         st_lines_read = Signal(32)
         st_lines_written = Signal(32)
 
@@ -594,7 +589,7 @@ class UpdateEngine(wiring.Component):
         m.d.comb += [self.ctl.busy.eq(state != Main.IDLE), self.ctl.done.eq(state == Main.DONE),
                      self.ctl.error.eq(err), self.ctl.error_info.eq(err_info),
                      self.ctl.stats.lookups.eq(st_lookups), self.ctl.stats.rows_read.eq(st_rows_read),
-                     self.ctl.stats.rows_written.eq(st_rows_written), self.ctl.stats.unique_rows.eq(st_unique),
+                     self.ctl.stats.rows_written.eq(st_rows_written), self.ctl.stats.unique_rows.eq(0),
                      self.ctl.stats.lines_read.eq(st_lines_read), self.ctl.stats.lines_written.eq(st_lines_written),
                      self.ctl.stats.lines_pushed.eq(0)]
         m.d.comb += st_lookups.eq(completed)
@@ -617,8 +612,7 @@ class UpdateEngine(wiring.Component):
                         n_bags.eq(cmd.num_tables * cmd.batch_size),
                         gmul.eq((cmd.batch_size - 1) * cmd.row_pitch_lines),
                         err.eq(NdpError.OK), err_info.eq(0), media_err.eq(0), media_info.eq(0),
-                        epoch.eq(epoch + 1),
-                        st_rows_read.eq(0), st_rows_written.eq(0), st_unique.eq(0),
+                        st_rows_read.eq(0), st_rows_written.eq(0),
                         st_lines_read.eq(0), st_lines_written.eq(0),
                         max_lines.eq(0), t_chk.eq(0), total.eq(0), frozen.eq(0),
                         state.eq(Main.CHK_OFFS),
@@ -1042,11 +1036,6 @@ class UpdateEngine(wiring.Component):
         m.d.sync += slot_rd_addr.eq(slot_rp.addr)
         rec = slot_rp.data
 
-        m.submodules.filt = filt = Memory(shape=16, depth=1 << FB, init=[])
-        filt_wp = filt.write_port()
-        filt_rp = filt.read_port(domain="comb")
-        m.d.comb += [filt_wp.data.eq(epoch), filt_rp.addr.eq(_hash(s2_addr, FB, 0x85EBCA6B))]
-
         # Occurrence push (hit in LOOK, or after a miss).
         push = Signal()
         push_slot = Signal(SB)
@@ -1119,8 +1108,7 @@ class UpdateEngine(wiring.Component):
         def evict(slot, r, drop_tag):
             """Write back ``slot`` (record ``r``); forget its tag unless the caller reuses it."""
             m.d.comb += [wb_go.eq(1), wb_base_in.eq(slot << slot_shift), wb_addr_in.eq(r.addr),
-                         wb_lines_in.eq(r.lines),
-                         filt_wp.addr.eq(_hash(r.addr, FB, 0x85EBCA6B)), filt_wp.en.eq(1)]
+                         wb_lines_in.eq(r.lines)]
             if drop_tag:
                 m.d.comb += [tag_drop.addr.eq(_hash(r.addr, TSB, 0x9E3779B1)), tag_drop.data.eq(0),
                              tag_drop.en.eq(Const(1, W) << r.way)]
@@ -1135,8 +1123,6 @@ class UpdateEngine(wiring.Component):
                          srec.last_use.eq(seq), srec.way.eq(way),
                          slot_wp.addr.eq(slot), slot_wp.data.eq(srec), slot_wp.en.eq(1)]
             m.d.sync += [v.eq(slot), fk.eq(0), st_rows_read.eq(st_rows_read + 1), mstate.eq(Mgr.FILL)]
-            with m.If(filt_rp.data != epoch):
-                m.d.sync += st_unique.eq(st_unique + 1)
 
         # slot_rp.data is slot[hand] whenever the previous cycle presented ``hand`` (the
         # default), so a miss can take the victim at the hand in the cycle it is found.
@@ -1380,6 +1366,5 @@ class UpdateEngine(wiring.Component):
             m.d.comb += [tag_wp.addr.eq(init_ctr), tag_wp.data.eq(0), tag_wp.en.eq((1 << W) - 1),
                          slot_wp.addr.eq(init_ctr), slot_wp.data.as_value().eq(0), slot_wp.en.eq(1),
                          arr_clr.addr.eq(init_ctr), arr_clr.en.eq(1),
-                         garr_clr.addr.eq(init_ctr), garr_clr.en.eq(1),
-                         filt_wp.addr.eq(init_ctr), filt_wp.data.eq(0), filt_wp.en.eq(1)]
+                         garr_clr.addr.eq(init_ctr), garr_clr.en.eq(1)]
         return m

@@ -222,6 +222,13 @@ class CheckpointedRun:
         if c.tag != s.tag or c.opcode != s.opcode or c.error != expect.value:
             raise AssertionError(f"seed {self.env.seed}: batch {s.batch} {s.phase}: {c} (expected "
                                  f"{expect.name}, tag {s.tag:#x})")
+        if c.opcode == NdpOpcode.LOG.value and expect == NdpError.OK:
+            # LOG's entry count is the device's exact distinct-row figure: the trace's count.
+            b = self.batches[s.batch]
+            distinct = len(batch_rows(b.offsets, b.indices, self.B, len(self.manifest["tables"])))
+            if not c.stats["unique_rows"] == c.stats["rows_read"] == distinct:
+                raise AssertionError(f"seed {self.env.seed}: batch {s.batch} LOG counted {c.stats['unique_rows']} "
+                                     f"distinct rows ({c.stats['rows_read']} read), the trace has {distinct}")
         self.cycles[s.phase] = c.total_cycles or c.cycles
         self.recent_cycles.setdefault(s.phase, collections.deque(maxlen=4)).append(self.cycles[s.phase])
         return c

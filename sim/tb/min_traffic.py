@@ -1,0 +1,92 @@
+"""The least media traffic an embedding command needs: the physical-efficiency bound.
+
+``trainingcxl run`` reports two efficiencies per command (tools/run_cmd.py):
+
+- *media utilisation* (``lookup_efficiency`` / ``update_efficiency``): the engine's own media
+  lines (the channels' counters) over its cycles. Redundant traffic (UPDATE's second pass
+  over the arguments, re-reads after scratchpad evictions) raises this bound.
+- *physical efficiency* (``lookup_physical_efficiency`` / ``update_physical_efficiency``):
+  the traffic the command cannot avoid, placed on the channels by the device's interleave
+  (hw/mem/port.py ``split_line_address``), over the same cycles:
+
+  - LOOKUP: the offsets, indices (and weights) once, and every occurrence's row lines (the
+    device has no on-chip row cache, so every occurrence is a media read); writes: the pooled
+    outputs when they stay in device memory. When they are pushed to the host the D2H data
+    channel's one line per cycle is a floor, as in the media bound.
+  - UPDATE: the offsets, indices (and weights) once, the gradients of the non-empty bags,
+    every distinct (table, row) read once and written once.
+
+  The command descriptor and the completion line (one line each) are left out of both.
+
+A channel's bound is (reads * RD_COST_Q8 + writes * WR_COST_Q8) / 256 cycles; the command's is
+the busiest channel's (sim/tb/ndp_run_tb.py ``media_bound_cycles``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from sim.bfm.ndp_host import lines_for
+
+
+def lines_per_channel(starts, counts, channels: int) -> np.ndarray:
+    """How many lines of the ranges [start, start + count) fall on each channel (round-robin
+    line interleave); an array of ``channels`` counts."""
+    s = np.asarray(starts, dtype=np.int64).reshape(-1)
+    n = np.asarray(counts, dtype=np.int64).reshape(-1)
+    out = np.zeros(channels, dtype=np.int64)
+    for c in range(channels):
+        first = (c - s) % channels                   # offset of the range's first line on channel c
+        out[c] = np.maximum(0, (n - first + channels - 1) // channels).sum()
+    return out
+
+
+class MinimumTraffic:
+    """Per-channel (reads, writes) a batch's LOOKUP and UPDATE cannot avoid on ``layout``."""
+
+    def __init__(self, layout, channels: int, has_weights: bool, out: str):
+        self.layout, self.channels, self.has_weights, self.out = layout, channels, has_weights, out
+
+    def _arguments(self, n_indices: int) -> np.ndarray:
+        L = self.layout
+        starts = [L.offsets.base, L.indices.base]
+        counts = [lines_for(len(L.tables) * L.batch_size + 1), lines_for(n_indices)]
+        if self.has_weights:
+            starts.append(L.weights.base)
+            counts.append(lines_for(n_indices))
+        return lines_per_channel(starts, counts, self.channels)
+
+    def _bags(self, offsets):
+        """Per table: (bag sizes, the rows of its occurrences)."""
+        offs = np.asarray(offsets, dtype=np.int64)
+        B = self.layout.batch_size
+        for t in range(len(self.layout.tables)):
+            yield t, np.diff(offs[t * B:(t + 1) * B + 1]), (int(offs[t * B]), int(offs[(t + 1) * B]))
+
+    def _rows(self, t: int, rows: np.ndarray) -> np.ndarray:
+        L = self.layout
+        lpr = L.tables[t].lines_per_row
+        return lines_per_channel(L.table_regions[t].base + rows * lpr, np.full(rows.size, lpr), self.channels)
+
+    def lookup(self, offsets, indices) -> list[tuple[int, int]]:
+        idx = np.asarray(indices, dtype=np.int64)
+        reads = self._arguments(idx.size)
+        for t, _, (lo, hi) in self._bags(offsets):
+            reads = reads + self._rows(t, idx[lo:hi])
+        writes = np.zeros(self.channels, dtype=np.int64)
+        if self.out == "device":
+            L = self.layout
+            writes = lines_per_channel([L.outputs.base], [L.batch_size * L.row_pitch_lines], self.channels)
+        return [(int(r), int(w)) for r, w in zip(reads, writes)]
+
+    def update(self, offsets, indices) -> list[tuple[int, int]]:
+        L = self.layout
+        idx = np.asarray(indices, dtype=np.int64)
+        reads = self._arguments(idx.size)
+        rows = np.zeros(self.channels, dtype=np.int64)
+        for t, sizes, (lo, hi) in self._bags(offsets):
+            bags = np.flatnonzero(sizes)
+            lpr = L.tables[t].lines_per_row
+            reads = reads + lines_per_channel(L.grads.base + bags * L.row_pitch_lines + L.col_lines[t],
+                                              np.full(bags.size, lpr), self.channels)
+            rows = rows + self._rows(t, np.unique(idx[lo:hi]))
+        return [(int(r), int(w)) for r, w in zip(reads + rows, rows)]
