@@ -35,6 +35,7 @@ def _args(**kw):
     (dict(stride=0), "at least 1"),
     (dict(target_batch=0), "at least 1"),
     (dict(trace="x.npz"), "--trace is not supported"),
+    (dict(mlp_spread=2), "--mlp-spread is for the random campaign"),
 ])
 def test_exhaustive_rejects_bad_requests(kw, message, capsys):
     assert cmd_crash(_args(**kw)) == 2

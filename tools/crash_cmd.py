@@ -1,7 +1,7 @@
 """``trainingcxl crash``: the power-failure campaign on the RTL, JSON + table.
 
   trainingcxl crash --model M --points N --seed S --json FILE
-                    [--phases lookup,logging,...] [--schedule cxl-b|cxl-d]
+                    [--phases lookup,logging,...] [--schedule cxl-b|cxl-d] [--mlp-spread K]
                     [--rows-cap R] [--batch-size B] [--chunk-points K [--workers N | --ray-address A]]
   trainingcxl crash --model M --trace FILE --points N ...
   trainingcxl crash --exhaustive [--boundaries A:B] [--stride S] [--classes C,..] [--offsets -1,0,1]
@@ -26,6 +26,12 @@ Its JSON keys: ``boundaries``, ``boundaries_by_class``,
 k % n) instead of 4 generated ones; --model gives the MLP; conflicts are one-line errors naming
 the field (tools/trace_source.py). ``trace_source`` in the JSON says which trace ran.
 
+``--mlp-spread K`` (default 1): the relaxed MLP log. The image is copied in K chunks, one
+MLP_LOG per batch (chunk j in the copy's batch j; the MLP_LOGGED record comes with the last
+chunk and names the copy's first batch). Recovery must then restore, bit for bit, chunk j as
+the GPU's image while batch (named batch + j) ran: the patchwork of versions the relaxed log
+keeps. The tables are checked as always. ``mlp_spread`` in the JSON says which ran.
+
 Trains a DLRM model through the device (LOOKUP, LOG, MLP_LOG over CXL.cache, checkpointed
 UPDATE per batch), cuts power N times at chosen points (every phase in turn: lookup,
 logging, flag_write, update, mlp_log, release, recovery), recovers with RECOVER after each
@@ -43,7 +49,8 @@ JSON keys (the contract): ``points`` (points run), ``consistent`` / ``inconsiste
 ``lost_acknowledged_writes`` (acknowledged UPDATEs / MLP logs a recovery lost),
 ``phases_hit`` (phase -> cuts that landed in it; ``idle`` = between commands),
 ``phases_aimed``, ``all_phases_hit``, ``cuts`` (a recovery point cuts twice), ``rolled_back``
-(recoveries that rolled a batch back), ``batches_trained``, ``failures`` (the first
+(recoveries that rolled a batch back), ``mlp_logs_checked`` (recoveries that found a complete
+MLP log and compared it), ``mlp_spread``, ``batches_trained``, ``failures`` (the first
 inconsistent point's problems; the campaign stops there), ``verified`` (every point
 consistent, the final tables equal the golden model, no protocol violation), ``seed``,
 ``model``, ``schedule``, ``sim_cycles``, ``wall_seconds``, ``error``, ``trace_source``.
@@ -80,6 +87,18 @@ SUMMARY_KEYS = ("verified", "model", "schedule", "seed", "points", "consistent",
 
 class CrashError(CliError):
     """A bad request (exit code 2)."""
+
+
+def check_spread(args) -> None:
+    """--mlp-spread K: at most one chunk per image line."""
+    from sim.bfm.gpu_agent import mlp_image_lines
+    from sim.model.dlrm import get_preset
+    try:
+        lines = mlp_image_lines(get_preset(args.model))
+    except (KeyError, ValueError) as e:
+        raise CrashError(str(e)) from None
+    if getattr(args, "mlp_spread", 1) > lines:
+        raise CrashError(f"--mlp-spread {args.mlp_spread} exceeds the {lines} lines of {args.model}'s MLP image")
 
 
 def check_fits(args, tmp: pathlib.Path | None = None) -> dict:
@@ -120,7 +139,7 @@ def check_fits(args, tmp: pathlib.Path | None = None) -> dict:
     return generated_source(args.model, args.seed, TraceKnobs(rows_cap=args.rows_cap, batch_size=args.batch_size))
 
 
-SUMMED = ("points", "consistent", "inconsistent", "lost_acknowledged_writes", "cuts", "rolled_back",
+SUMMED = ("points", "consistent", "inconsistent", "lost_acknowledged_writes", "cuts", "rolled_back", "mlp_logs_checked",
           "batches_trained", "sim_cycles", "protocol_violations")
 
 
@@ -136,7 +155,8 @@ def run_chunk(unit: tuple) -> dict:
     from tools.harness_run import NoResult, run_harness_test
     k, seed, points, args = unit
     env = {"TCXL_SEED": str(seed), "TCXL_CRASH_MODEL": args.model, "TCXL_CRASH_POINTS": str(points),
-           "TCXL_CRASH_PHASES": ",".join(args.phases), "TCXL_CRASH_SCHEDULE": args.schedule}
+           "TCXL_CRASH_PHASES": ",".join(args.phases), "TCXL_CRASH_SCHEDULE": args.schedule,
+           "TCXL_CRASH_MLP_SPREAD": str(getattr(args, "mlp_spread", 1))}
     for name, value in (("TCXL_CRASH_ROWS_CAP", args.rows_cap), ("TCXL_CRASH_BATCH_SIZE", args.batch_size),
                         ("TCXL_CRASH_TRACE", getattr(args, "bound_trace", None))):
         if value is not None:
@@ -153,7 +173,7 @@ def merge_chunks(args, units: list[tuple], results: list[dict]) -> dict:
     if len(results) == 1:
         return dict(results[0])
     out = {"model": args.model, "seed": args.seed, "schedule": args.schedule,
-           "verified": all(r.get("verified") for r in results)}
+           "mlp_spread": getattr(args, "mlp_spread", 1), "verified": all(r.get("verified") for r in results)}
     for key in SUMMED:
         if any(key in r for r in results):
             out[key] = sum(r.get(key, 0) for r in results)
@@ -213,6 +233,9 @@ def run_exhaustive(args) -> dict:
 
 
 def check_exhaustive_args(args) -> None:
+    if getattr(args, "mlp_spread", 1) != 1:
+        raise CrashError("--exhaustive cuts one batch whose MLP_LOG copies the whole image; --mlp-spread is for "
+                         "the random campaign")
     if getattr(args, "trace", None):
         raise CrashError("--exhaustive runs on a generated trace (--batch-size, --rows-cap); --trace is not supported")
     for name, value in EXHAUSTIVE_DEFAULTS.items():
@@ -275,6 +298,7 @@ def cmd_campaign(args) -> int:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
+    check_spread(args)
     with tempfile.TemporaryDirectory() as tmp:
         source = check_fits(args, pathlib.Path(tmp))
         result = run_campaign(args)
@@ -315,6 +339,9 @@ def add_crash_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--phases", default=",".join(PHASES), help="comma list of phases to aim at (default: all)")
     p.add_argument("--schedule", choices=("cxl-b", "cxl-d"), default="cxl-b",
                    help="when LOG / MLP_LOG run: overlapping the GPU (cxl-b) or after it (cxl-d)")
+    p.add_argument("--mlp-spread", type=positive_int, default=1, metavar="K",
+                   help="copy the MLP image over K batches, one chunk per batch (the relaxed MLP log); recovery "
+                        "must restore chunk j as the GPU's image while the copy's batch j ran (default 1)")
     p.add_argument("--rows-cap", type=positive_int, default=None, help="cap every table at R rows")
     p.add_argument("--batch-size", type=positive_int, default=None, help="samples per batch")
     p.add_argument("--trace", default=None, metavar="FILE",

@@ -57,8 +57,8 @@ from cocotb.triggers import Timer
 from hw.ndp.command import NdpError, NdpOpcode
 from sim.bfm.gpu_agent import GpuAgent, mlp_image_lines
 from sim.bfm.ndp_host import (COMPLETION, HostMemorySide, NdpHost, log_command, lookup_command,
-                              mlp_log_commands, plan_layout, recover_command, tables_from_manifest,
-                              update_command)
+                              mlp_log_command, mlp_log_commands, plan_layout, recover_command,
+                              tables_from_manifest, update_command)
 from sim.env import CLOCK_PERIOD_NS
 from sim.model import embedding
 from sim.model.checkpoint import CheckpointedTraining, batch_rows
@@ -118,9 +118,12 @@ class Submitted:
 class CheckpointedRun:
     def __init__(self, env, trace, *, total_batches: int, schedule: str = "cxl-b", poll_cycles: int = 16,
                  mlp_chunks: int = 1, mlp_lines: int | None = None, gpu_wait: bool = True,
-                 grads=None, mlp_step=None, initial=None, preset=None):
+                 grads=None, mlp_step=None, initial=None, preset=None, mlp_spread: int = 1):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        if mlp_spread < 1 or (mlp_spread > 1 and mlp_chunks > 1):
+            raise ValueError(f"mlp_spread must be >= 1, and mlp_chunks 1 when it is > 1 "
+                             f"(got {mlp_spread}, {mlp_chunks})")
         m = trace.manifest
         self.env, self.manifest, self.schedule, self.mlp_chunks = env, m, schedule, mlp_chunks
         self.gpu_wait = gpu_wait
@@ -136,6 +139,10 @@ class CheckpointedRun:
         self.mlp_lines = self.gpu.lines if mlp_lines is None else mlp_lines
         if not 1 <= self.mlp_lines <= self.gpu.lines:
             raise ValueError(f"mlp_lines must be in [1, {self.gpu.lines}], got {mlp_lines}")
+        if mlp_spread > self.mlp_lines:
+            raise ValueError(f"mlp_spread {mlp_spread} exceeds the {self.mlp_lines}-line image")
+        self.mlp_spread = mlp_spread
+        self.mlp_copy_start: int | None = None      # spread copy: the batch of its chunk 0
         self.layout = plan_checkpoint_layout(trace, env.config.capacity_lines, self.host_base, self.mlp_lines)
         self.region = self.layout.log_region
         self.gpu.resident_lines = self.mlp_lines
@@ -282,12 +289,54 @@ class CheckpointedRun:
         if self.gpu_wait and cycles:
             await Timer(cycles * CLOCK_PERIOD_NS, unit="ns")
 
+    # ---- the MLP log spread over batches (mlp_spread K > 1)
+    def _chunk_bounds(self, j: int) -> tuple[int, int]:
+        K, n = self.mlp_spread, self.mlp_lines
+        return n * j // K, n * (j + 1) // K
+
+    def mlp_chunk(self, k: int) -> tuple[int, int, int]:
+        """(j, first line, end line) of the image chunk batch k copies: chunk j = k - the copy's
+        first batch (a copy starts at the first batch after the previous one completed)."""
+        j = k - (k if self.mlp_copy_start is None else self.mlp_copy_start)
+        return (j, *self._chunk_bounds(j))
+
+    def mlp_image_of_copy(self, start: int) -> list[int]:
+        """The lines a complete copy that started at batch ``start`` holds: chunk j is the GPU's
+        image while batch start + j ran (one consistent image when K = 1)."""
+        out = []
+        for j in range(self.mlp_spread):
+            a, b = self._chunk_bounds(j)
+            out += self.gpu.image_lines(start + j, b)[a:]
+        return out
+
+    def mlp_watch(self, k: int, slot_kind: str, nth: int) -> tuple[int, int]:
+        """(line, nth) of a write of batch k's MLP_LOG for a power cut to follow: ``own`` with
+        nth 1 its first write (the FREE record at chunk 0, else the chunk's first image line);
+        ``own`` with nth 2 the MLP_LOGGED record; ``other`` the release of the other slot. The
+        records come only with the first or the last chunk; a middle chunk of a spread copy
+        gives its first image line instead."""
+        _, a, b = self.mlp_chunk(k)
+        record = self.region.mlp_slot(self.mlp_next_slot)
+        first = (record, 1) if a == 0 else (record + 1 + a, 1)
+        if (slot_kind == "own" and nth == 1) or b != self.mlp_lines:
+            return first
+        if slot_kind == "own":
+            return record, 2 if a == 0 else 1
+        return self.region.mlp_slot(self.mlp_next_slot ^ 1), 1
+
     async def _submit_logs(self, k: int, hook) -> list[Submitted]:
         slot = self.mlp_next_slot
+        if self.mlp_copy_start is None:
+            self.mlp_copy_start = k
         subs = [await self._submit(log_command(self.layout, k, index_count=self.batches[k].indices.size,
                                                    has_weights=self.has_weights, tag=self._next_tag()),
                                    k, hook)]
-        for cmd in mlp_log_commands(k, self.mlp_lines, slot, chunks=self.mlp_chunks, tag=self._next_tag()):
+        if self.mlp_spread == 1:
+            cmds = mlp_log_commands(k, self.mlp_lines, slot, chunks=self.mlp_chunks, tag=self._next_tag())
+        else:
+            _, a, b = self.mlp_chunk(k)
+            cmds = [mlp_log_command(k, a, b - a, slot, tag=self._next_tag())]
+        for cmd in cmds:
             self._tag = cmd.tag
             subs.append(await self._submit(cmd, k, hook))
         return subs
@@ -295,8 +344,9 @@ class CheckpointedRun:
     async def _collect_logs(self, subs: list[Submitted]) -> None:
         for s in subs:
             await self._collect(s)
-        self.acked_mlp = subs[-1].batch
-        self.mlp_next_slot ^= 1
+        if self.mlp_chunk(subs[-1].batch)[2] == self.mlp_lines:     # the copy's last chunk: complete
+            self.acked_mlp, self.mlp_copy_start = self.mlp_copy_start, None
+            self.mlp_next_slot ^= 1
 
     def _check_lookup(self, k: int, b, tables) -> None:
         want = embedding.tbe_forward(tables, b.offsets, b.indices, self.modes, self.B, b.weights)
@@ -340,7 +390,7 @@ class CheckpointedRun:
         if res.mlp_valid:
             base = self.region.mlp_slot(res.mlp_slot) + 1
             got = self.driver.backdoor.read_lines(base, self.mlp_lines)
-            want = self.gpu.image_lines(res.mlp_batch, self.mlp_lines)
+            want = self.mlp_image_of_copy(res.mlp_batch)
             bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
             if bad:
                 problems.append(f"MLP slot {res.mlp_slot}: {len(bad)} lines differ from the GPU's parameters "
@@ -354,6 +404,7 @@ class CheckpointedRun:
         self.next_batch = self.acked_batches = emb
         self.mlp_next_slot = (res.mlp_slot ^ 1) if res.mlp_valid else 0
         self.acked_mlp = res.mlp_batch if res.mlp_valid else None
+        self.mlp_copy_start = None          # a running copy died with the device's registers
         self.gpu.advance(emb)
         self.golden.forget_before(emb)
 

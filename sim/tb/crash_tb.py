@@ -20,13 +20,16 @@
   RECOVER, at a random cycle of its run: RECOVER is run once to time it (it writes only table
   rows, never the log, so putting back the rows it rewrote through the backdoor restores the
   media exactly), then again with the cut; after power-up RECOVER runs a third time.
-The target batch is the next batch or the one after. Cuts tear in-flight writes with a
+The target batch is the next batch or the one after (with the MLP image spread over K
+batches, ``TCXL_CRASH_MLP_SPREAD``: up to K batches on). Cuts tear in-flight writes with a
 random ``tear_seed``.
 
 After every power cycle the point runs RECOVER and checks: the result equals
 ``golden_recover`` on the PMEM image taken just before (the CSR-visible fields and the
 error); every table row equals the golden tables after the reported embedding batches; the
-MLP log reported equals the GPU's parameters at its batch; no acknowledged UPDATE or
+MLP log reported equals the GPU's parameters at its batch (spread over K batches: chunk j
+the GPU's image while the copy's batch j ran, ``CheckpointedRun.mlp_image_of_copy``;
+``mlp_logs_checked`` counts the recoveries that found a complete MLP log); no acknowledged UPDATE or
 MLP_LOG was lost (``lost_acknowledged_writes``). A consistent point resumes training from
 the recovered batch; the campaign stops at the first inconsistent point (later points
 would start from a corrupt state). At the end, two more batches are trained and every table
@@ -125,7 +128,7 @@ class CrashCampaign:
                                                addr_width=7)["WR_LAT"]
         self.result = {"points": 0, "consistent": 0, "inconsistent": 0, "lost_acknowledged_writes": 0,
                        "phases_hit": {p: 0 for p in PHASES + ("idle",)}, "phases_aimed": {p: 0 for p in PHASES},
-                       "cuts": 0, "rolled_back": 0, "failures": []}
+                       "cuts": 0, "rolled_back": 0, "mlp_logs_checked": 0, "failures": []}
 
     # ---- planning
     def estimate(self, phase: str) -> int:
@@ -136,7 +139,10 @@ class CrashCampaign:
 
     def plan(self, aim: str) -> CutPlan:
         rng, run = self.rng, self.run
-        batch = run.next_batch + rng.randrange(2)
+        # The next batch or the one after; with an MLP image spread over K batches up to K
+        # batches on, so that cuts land in the first, a middle and the last chunk and after a
+        # complete spread copy.
+        batch = run.next_batch + rng.randrange(2 if run.mlp_spread == 1 else run.mlp_spread + 1)
         if aim == "recovery":
             aim_first = rng.choice(COMMAND_PHASES)
             return CutPlan("recovery", batch, aim_first, delay=self._delay(aim_first))
@@ -169,8 +175,7 @@ class CrashCampaign:
             if armed[0] and phase == plan.hook_phase and k == plan.batch:
                 armed[0] = False
                 if plan.watch_line in ("own", "other"):
-                    slot = self.run.mlp_next_slot ^ (plan.watch_line == "other")
-                    plan.watch_line = self.run.region.mlp_slot(slot)
+                    plan.watch_line, plan.nth = self.run.mlp_watch(k, plan.watch_line, plan.nth)
                 plan.seq = self.run.driver.submitted     # the command about to be submitted
                 cocotb.start_soon(self._cutter(plan, fire))
         return hook
@@ -269,6 +274,7 @@ class CrashCampaign:
         self.result["points"] += 1
         self.result["lost_acknowledged_writes"] += lost
         self.result["rolled_back"] += int(res.rolled_back)
+        self.result["mlp_logs_checked"] += int(res.mlp_valid)
         self.env.dut._log.info(
             f"point {i + 1}/{self.points}: aimed {plan}; landed in {', '.join(landings)}; recovered "
             f"{res.emb_batches if res.emb_valid else 0} batches{' (rolled back)' if res.rolled_back else ''}, MLP log "
@@ -324,9 +330,12 @@ async def crash_campaign(dut):
         trace = read_trace(os.environ["TCXL_CRASH_TRACE"])
     else:
         trace = generate_trace(preset, TRACE_BATCHES, env.seed, trace_knobs_from_env())
-    run = CheckpointedRun(env, trace, total_batches=2 * points + 8, schedule=schedule, preset=preset)
+    spread = int(os.environ.get("TCXL_CRASH_MLP_SPREAD", "1"))
+    run = CheckpointedRun(env, trace, total_batches=2 * points + 8, schedule=schedule, preset=preset,
+                          mlp_spread=spread)
     campaign = CrashCampaign(run, points, random.Random(env.seed ^ 0xC0A57), phases)
-    result = {"model": model, "seed": env.seed, "schedule": schedule, "verified": False, **campaign.result}
+    result = {"model": model, "seed": env.seed, "schedule": schedule, "mlp_spread": spread, "verified": False,
+              **campaign.result}
     t0, start = time.perf_counter(), env.host.cycle
     try:
         await run.setup()
