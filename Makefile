@@ -80,8 +80,9 @@ crash: install
 
 # The paper's evaluation: PMEM, PCIe, CXL-D, CXL-B and CXL on RM1-RM4, trained on the RTL,
 # verified, JSON in build/eval.json, report and plots in build/eval/ (see README, Results).
+# Three trace seeds x 6 batches (batch 0 warms up): min/median/max over 15 steady samples.
 eval: install
-	$(TCXL) eval --models rm1,rm2,rm3,rm4 --configs pmem,pcie,cxl-d,cxl-b,cxl --batches 3 \
+	$(TCXL) eval --models rm1,rm2,rm3,rm4 --configs pmem,pcie,cxl-d,cxl-b,cxl --batches 6 --seeds 3 \
 	  --json build/eval.json --report build/eval
 
 # The same at paper scale (batch 512, whole preset tables, a batch-size sweep 64/128/256 for
