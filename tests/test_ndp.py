@@ -375,3 +375,11 @@ def test_run_command_end_to_end(harness, tmp_path, capsys):
                 "update_efficiency", "sim_cycles_per_second"):
         assert result[key] is not None and result[key] > 0, key
     assert 0 < result["lookup_efficiency"] <= 1.0 and 0 < result["update_efficiency"] <= 1.0
+    # The least traffic (sim/tb/min_traffic.py) is part of what the media counters saw: per
+    # batch the physical bound is positive and at most the media-utilisation bound.
+    for b in result["batches"]:
+        for phase in ("lookup", "update"):
+            assert 0 < b[f"physical_bound_cycles_{phase}"] <= b[f"bound_cycles_{phase}"], (phase, b)
+    assert 0 < result["update_physical_efficiency"] <= result["update_efficiency"]
+    assert set(result["efficiency_bounds"]) == {"lookup_efficiency, update_efficiency",
+                                                "lookup_physical_efficiency, update_physical_efficiency"}
