@@ -331,7 +331,9 @@ async def crash_campaign(dut):
     else:
         trace = generate_trace(preset, TRACE_BATCHES, env.seed, trace_knobs_from_env())
     spread = int(os.environ.get("TCXL_CRASH_MLP_SPREAD", "1"))
-    run = CheckpointedRun(env, trace, total_batches=2 * points + 8, schedule=schedule, preset=preset,
+    # A point trains up to 2 batches (K + 1 with the MLP image spread over K) before its cut.
+    per_point = 2 if spread == 1 else spread + 1
+    run = CheckpointedRun(env, trace, total_batches=per_point * points + 8, schedule=schedule, preset=preset,
                           mlp_spread=spread)
     campaign = CrashCampaign(run, points, random.Random(env.seed ^ 0xC0A57), phases)
     result = {"model": model, "seed": env.seed, "schedule": schedule, "mlp_spread": spread, "verified": False,
