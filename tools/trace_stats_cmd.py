@@ -1,6 +1,6 @@
 """``trainingcxl trace stats``: the access figures that drive near-memory performance, JSON + table.
 
-  trainingcxl trace stats FILE [--json OUT]      (FILE: a trace .npz, generated or imported)
+  trainingcxl trace stats FILE [--json OUT] [--row-cache-kib 256,1024,4096]
   trainingcxl trace stats --preset P [--batches N] [--seed S] [--batch-size B] [--rows-cap R] [--json OUT]
 
 The figures and their definitions: sim/model/trace_stats.py. With ``--preset`` the trace is
@@ -37,7 +37,15 @@ def cmd_stats(args) -> int:
     except (ValueError, OSError) as e:          # TraceFormatError, unknown preset, bad knob
         print(f"error: {e}", file=sys.stderr)
         return 2
-    stats = trace_stats(trace)
+    try:
+        kib = [int(x) for x in args.row_cache_kib.split(",") if x]
+    except ValueError:
+        kib = [0]
+    if not kib or min(kib) < 1:
+        print(f"error: --row-cache-kib takes a comma list of positive sizes in KiB, got {args.row_cache_kib!r}",
+              file=sys.stderr)
+        return 2
+    stats = trace_stats(trace, kib)
     print(format_stats(stats))
     if args.json:
         from tools.harness_run import write_json
@@ -57,5 +65,7 @@ def add_stats_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=None, help="with --preset: samples per batch")
     p.add_argument("--rows-cap", type=positive_int, default=None, help="with --preset: cap every table at R rows")
     p.add_argument("--json", default=None, help="write the full JSON here")
+    p.add_argument("--row-cache-kib", default="256,1024,4096", metavar="K,..",
+                   help="LRU row-cache sizes to simulate (KiB, comma list; default 256,1024,4096)")
     p.set_defaults(func=cmd_stats)
     return p

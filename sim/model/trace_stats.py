@@ -19,14 +19,29 @@ Per table, and for all tables together (``total``):
   alpha (null for an imported trace).
 ``total`` sums counts over tables; its ``zipf_alpha`` is the lookup-weighted mean of the
 tables' fits. The result is plain JSON (floats rounded to 4 digits).
+
+``row_cache`` (one entry per size in ``cache_kib``, default ROW_CACHE_KIB): what an on-chip
+row cache of that many KiB in the device would serve (issue 15's hot-row cache, sized before
+it is built). ``row_cache_hits``: one LRU cache of whole rows shared by all tables, holding
+``kib * 16`` 64-byte lines, persisting across batches; LOOKUP's occurrences in command order
+(batch by batch, table by table, bag by bag); a miss reads the row from the media and inserts
+it, evicting least recently used rows until it fits (a row larger than the cache is never
+kept). Figures: ``hit_rate`` (occurrences served on chip), ``media_lines`` (the missed rows'
+lines: what LOOKUP's physical bound would count with the cache) and ``media_line_share``
+(media_lines over all occurrences' lines).
 """
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import numpy as np
 
 from sim.model.trace import Trace
 
 ALPHA_MAX = 4.0
+ROW_CACHE_KIB = (256, 1024, 4096)     # 0.25 / 1 / 4 MiB: ~7 / 28 / 114 UltraRAMs of 36 KiB
+LINE_BYTES = 64
+FLOATS_PER_LINE = 16
 
 
 def fit_zipf(counts: np.ndarray, rows: int) -> float:
@@ -66,7 +81,36 @@ def _table_batch(batch, t: int, B: int):
     return batch.indices[lo:hi].astype(np.int64), np.diff(offs[t * B:(t + 1) * B + 1])
 
 
-def trace_stats(trace: Trace) -> dict:
+def row_cache_hits(trace: Trace, capacity_lines: int) -> dict:
+    """LOOKUP's occurrences through an LRU cache of whole rows (the module docstring)."""
+    B = trace.batch_size
+    row_lines = [tab["dim"] // FLOATS_PER_LINE for tab in trace.tables]
+    cache: OrderedDict = OrderedDict()
+    held = occurrences = hits = lines = media_lines = 0
+    for batch in trace.batches:
+        for t, per_row in enumerate(row_lines):
+            idx, _ = _table_batch(batch, t, B)
+            occurrences += idx.size
+            lines += idx.size * per_row
+            for row in idx.tolist():
+                key = (t, row)
+                if key in cache:
+                    cache.move_to_end(key)
+                    hits += 1
+                    continue
+                media_lines += per_row
+                if per_row > capacity_lines:
+                    continue
+                while held + per_row > capacity_lines:
+                    held -= cache.popitem(last=False)[1]
+                cache[key] = per_row
+                held += per_row
+    return {"capacity_lines": capacity_lines, "occurrences": occurrences, "hits": hits,
+            "hit_rate": round(hits / occurrences, 4) if occurrences else None, "lines": lines,
+            "media_lines": media_lines, "media_line_share": round(media_lines / lines, 4) if lines else None}
+
+
+def trace_stats(trace: Trace, cache_kib=ROW_CACHE_KIB) -> dict:
     m, B = trace.manifest, trace.batch_size
     N = len(trace.batches)
     per_table = []
@@ -105,8 +149,9 @@ def trace_stats(trace: Trace) -> dict:
     org = m.get("origin")
     source = ({"origin": org["format"], "file": org["file"], "sha256": org["sha256"]} if org
               else {"preset": m["preset"], "seed": m["seed"]})
+    row_cache = [{"kib": kib, **row_cache_hits(trace, kib * 1024 // LINE_BYTES)} for kib in cache_kib]
     return {"trace": source, "tables": len(trace.tables), "batch_size": B, "batches": N,
-            "total": total, "per_table": per_table}
+            "total": total, "per_table": per_table, "row_cache": row_cache}
 
 
 def _figures(lookups, touched, in_bag, reused, touched_after_first, bags, empty, N) -> dict:
@@ -141,4 +186,7 @@ def format_stats(stats: dict, max_rows: int = 40) -> str:
     if len(stats["per_table"]) > max_rows:
         lines.append(f"... {len(stats['per_table']) - max_rows} more tables in the JSON")
     lines.append("  ".join(cell(({"table": "total"} | stats["total"]).get(c), w) for c, w in zip(COLUMNS, widths)))
+    for c in stats.get("row_cache", []):
+        lines.append(f"LRU row cache {c['kib']} KiB: hit rate {c['hit_rate']}, media lines {c['media_lines']} of "
+                     f"{c['lines']} ({c['media_line_share']})")
     return "\n".join(lines)
