@@ -17,7 +17,9 @@ item (its ``weight`` is 1.0: the next weight in the stream belongs to the next b
 ROW carries the row's first line (``table.base_addr + index * dim/16``), the index's weight
 (when the command has weights; else 1.0), the bag's pooling mode and length, and the line
 its pooled vector goes to (``out_addr + b * row_pitch_lines + col_lines``).
-The feeder emits up to one item per cycle; a unit is chosen per bag (round robin over the
+The feeder emits up to one item per cycle and spends one more cycle per bag (reading its
+end offset and choosing a unit: L + 1 cycles for a bag of L > 0 indices, 2 for an empty
+bag), plus 2 per table (its descriptor); a unit is chosen per bag (round robin over the
 units with room).
 
 Checks, in stream order (element positions in ``error_info``): OFFSETS when offsets[0] != 0
@@ -149,6 +151,19 @@ class LookupFeeder(wiring.Component):
         idx_lines = Signal(33)
         m.d.comb += idx_lines.eq((off_end + 15) >> 4)
 
+        def next_bag():
+            """The bag's last item was taken this cycle: step to the next bag (or table, or
+            the end) in the same cycle, so a bag costs L + 1 cycles, not L + 2."""
+            m.d.sync += [bag.eq(bag + 1), half_bag.eq(0)]
+            with m.If(bag + 1 == nbags):
+                m.next = "DRAIN"
+            with m.Elif(b + 1 == cmd.batch_size):
+                m.d.sync += [b.eq(0), t.eq(t + 1), out_row.eq(cmd.out_addr)]
+                m.next = "TABLE"
+            with m.Else():
+                m.d.sync += [b.eq(b + 1), out_row.eq(out_row + cmd.row_pitch_lines)]
+                m.next = "BAG"
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -211,7 +226,7 @@ class LookupFeeder(wiring.Component):
             with m.State("EMPTY"):
                 m.d.comb += [self.items.valid.eq(1), item.kind.eq(ItemKind.EMPTY), item.weight.eq(ONE)]
                 with m.If(self.items.ready):
-                    m.next = "NEXT_BAG"
+                    next_bag()
             with m.State("ROWS"):
                 have = idxs.elems.valid & (wgts.elems.valid | ~cmd.flags.has_weights)
                 with m.If(have):
@@ -223,17 +238,7 @@ class LookupFeeder(wiring.Component):
                             m.d.comb += [idxs.elems.ready.eq(1), wgts.elems.ready.eq(cmd.flags.has_weights)]
                             m.d.sync += [j.eq(j + 1), half_bag.eq(1), self.lookups.eq(self.lookups + 1)]
                             with m.If(j + 1 == length):
-                                m.next = "NEXT_BAG"
-            with m.State("NEXT_BAG"):
-                m.d.sync += [bag.eq(bag + 1), half_bag.eq(0)]
-                with m.If(bag + 1 == nbags):
-                    m.next = "DRAIN"
-                with m.Elif(b + 1 == cmd.batch_size):
-                    m.d.sync += [b.eq(0), t.eq(t + 1), out_row.eq(cmd.out_addr)]
-                    m.next = "TABLE"
-                with m.Else():
-                    m.d.sync += [b.eq(b + 1), out_row.eq(out_row + cmd.row_pitch_lines)]
-                    m.next = "BAG"
+                                next_bag()          # its half_bag.eq(0) comes last: it wins
             with m.State("ABORT"):           # close a half-emitted bag, stop the readers
                 with m.If(half_bag):
                     m.d.comb += [self.items.valid.eq(1), item.kind.eq(ItemKind.ABORT)]
