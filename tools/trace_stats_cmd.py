@@ -37,8 +37,10 @@ def cmd_stats(args) -> int:
     except (ValueError, OSError) as e:          # TraceFormatError, unknown preset, bad knob
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from sim.model.trace_stats import ROW_CACHE_KIB
+    spec = args.row_cache_kib
     try:
-        kib = [int(x) for x in args.row_cache_kib.split(",") if x]
+        kib = list(ROW_CACHE_KIB) if spec is None else [int(x) for x in spec.split(",") if x]
     except ValueError:
         kib = [0]
     if not kib or min(kib) < 1:
@@ -65,7 +67,8 @@ def add_stats_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=None, help="with --preset: samples per batch")
     p.add_argument("--rows-cap", type=positive_int, default=None, help="with --preset: cap every table at R rows")
     p.add_argument("--json", default=None, help="write the full JSON here")
-    p.add_argument("--row-cache-kib", default="256,1024,4096", metavar="K,..",
-                   help="LRU row-cache sizes to simulate (KiB, comma list; default 256,1024,4096)")
+    p.add_argument("--row-cache-kib", default=None, metavar="K,..",
+                   help="LRU row-cache sizes to simulate (KiB, comma list; default: "
+                        "sim/model/trace_stats.py ROW_CACHE_KIB, 256,1024,4096)")
     p.set_defaults(func=cmd_stats)
     return p

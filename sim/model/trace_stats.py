@@ -36,12 +36,12 @@ from collections import OrderedDict
 
 import numpy as np
 
+from hw.common.cxl_mem import LINE_BYTES
+from hw.ndp.command import FLOATS_PER_LINE
 from sim.model.trace import Trace
 
 ALPHA_MAX = 4.0
 ROW_CACHE_KIB = (256, 1024, 4096)     # 0.25 / 1 / 4 MiB: ~7 / 28 / 114 UltraRAMs of 36 KiB
-LINE_BYTES = 64
-FLOATS_PER_LINE = 16
 
 
 def fit_zipf(counts: np.ndarray, rows: int) -> float:

@@ -56,7 +56,7 @@ class MinimumTraffic:
         return lines_per_channel(starts, counts, self.channels)
 
     def _bags(self, offsets):
-        """Per table: (bag sizes, the rows of its occurrences)."""
+        """Per table t: (t, its B bag sizes, (lo, hi): its occurrences' span in the indices)."""
         offs = np.asarray(offsets, dtype=np.int64)
         B = self.layout.batch_size
         for t in range(len(self.layout.tables)):
