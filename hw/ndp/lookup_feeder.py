@@ -17,10 +17,11 @@ item (its ``weight`` is 1.0: the next weight in the stream belongs to the next b
 ROW carries the row's first line (``table.base_addr + index * dim/16``), the index's weight
 (when the command has weights; else 1.0), the bag's pooling mode and length, and the line
 its pooled vector goes to (``out_addr + b * row_pitch_lines + col_lines``).
-The feeder emits up to one item per cycle and spends one more cycle per bag (reading its
-end offset and choosing a unit: L + 1 cycles for a bag of L > 0 indices, 2 for an empty
-bag), plus 2 per table (its descriptor); a unit is chosen per bag (round robin over the
-units with room).
+The feeder emits up to one item per cycle. A bag's end offset is read and its unit chosen
+(round robin over the units with room) in the cycle that takes the previous bag's last
+item, so inside a table a bag of L > 0 indices costs L cycles and an empty bag 1; the first
+bag of a table costs one more, and a table 2 more (its descriptor). A bag waits a cycle
+more when its offset is not there yet or no unit has room.
 
 Checks, in stream order (element positions in ``error_info``): OFFSETS when offsets[0] != 0
 (``error_info`` 0), offsets[T*B] != ``cmd.index_count`` (T*B), or an offset is below the
@@ -151,9 +152,28 @@ class LookupFeeder(wiring.Component):
         idx_lines = Signal(33)
         m.d.comb += idx_lines.eq((off_end + 15) >> 4)
 
+        def load_bag(this_bag):
+            """Check the end offset of bag ``this_bag`` (the head of the offsets stream; its
+            start is ``prev``) and, when a unit has room, make it the bag being emitted."""
+            o = offs.elems.payload
+            with m.If(offs.elems.valid):
+                with m.If((o < prev) | (o > off_end)):
+                    fail(NdpError.OFFSETS, this_bag + 1)
+                with m.Elif((tbl.mode == PoolMode.MEAN) & (o - prev > MAX_MEAN_LENGTH)):
+                    fail(NdpError.BAD_DESCRIPTOR, this_bag)
+                with m.Elif(any_room):
+                    m.d.comb += offs.elems.ready.eq(1)
+                    m.d.sync += [length.eq(o - prev), j.eq(0), unit.eq(pick),
+                                 rr.eq(Mux(pick == self.units - 1, 0, pick + 1)), prev.eq(o)]
+                    m.next = "ROWS"
+                    with m.If(o == prev):
+                        m.next = "EMPTY"
+
         def next_bag():
             """The bag's last item was taken this cycle: step to the next bag (or table, or
-            the end) in the same cycle, so a bag costs L + 1 cycles, not L + 2."""
+            the end) in the same cycle. Inside a table the next bag's offset is taken in this
+            cycle too when it is there, so a bag costs L cycles (1 for an empty bag); else
+            BAG waits for it. Its checks come after every item of this bag, as in BAG."""
             m.d.sync += [bag.eq(bag + 1), half_bag.eq(0)]
             with m.If(bag + 1 == nbags):
                 m.next = "DRAIN"
@@ -163,6 +183,7 @@ class LookupFeeder(wiring.Component):
             with m.Else():
                 m.d.sync += [b.eq(b + 1), out_row.eq(out_row + cmd.row_pitch_lines)]
                 m.next = "BAG"
+                load_bag(bag + 1)
 
         with m.FSM():
             with m.State("IDLE"):
@@ -210,19 +231,7 @@ class LookupFeeder(wiring.Component):
                 m.d.sync += tbl.eq(self.table)
                 m.next = "BAG"
             with m.State("BAG"):
-                o = offs.elems.payload
-                with m.If(offs.elems.valid):
-                    with m.If((o < prev) | (o > off_end)):
-                        fail(NdpError.OFFSETS, bag + 1)
-                    with m.Elif((tbl.mode == PoolMode.MEAN) & (o - prev > MAX_MEAN_LENGTH)):
-                        fail(NdpError.BAD_DESCRIPTOR, bag)
-                    with m.Elif(any_room):
-                        m.d.comb += offs.elems.ready.eq(1)
-                        m.d.sync += [length.eq(o - prev), j.eq(0), unit.eq(pick),
-                                     rr.eq(Mux(pick == self.units - 1, 0, pick + 1)), prev.eq(o)]
-                        m.next = "ROWS"
-                        with m.If(o == prev):
-                            m.next = "EMPTY"
+                load_bag(bag)
             with m.State("EMPTY"):
                 m.d.comb += [self.items.valid.eq(1), item.kind.eq(ItemKind.EMPTY), item.weight.eq(ONE)]
                 with m.If(self.items.ready):

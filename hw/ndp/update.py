@@ -110,20 +110,28 @@ Pipeline, latency and throughput (one request per cycle at most)
   the media latency (about 100-130 reads in flight in the measurements below).
 - Datapath: 16 Fp32Fma lanes (one 64-byte line per cycle) shared by two operations: MUL
   (c = g * scale into a 32-line contribution ring; WEIGHTED_SUM and MEAN only) and FMA
-  (row = fma(-lr, c, row)). An FMA line-step issues when its row line has arrived, its c is
-  ready and no FMA on the same scratchpad line issued in the L - 1 previous cycles; a result L
-  cycles old is forwarded. So one row updated back to back costs L cycles per occurrence for
-  dim 16..16*L (the lines interleave), otherwise one line-step per cycle (SUM) or two (MUL+FMA).
+  (row = fma(-lr, c, row)). The FMA front holds the two oldest queued occurrences; a
+  line-step of the older issues when its row line has arrived, its c is ready and no FMA on
+  the same scratchpad line issued in the L - 1 previous cycles (a result L cycles old is
+  forwarded); else the younger may issue, unless it updates the same row. Occurrences
+  complete in order (a younger one that finished first waits for the older). So one row
+  updated back to back still costs L cycles per occurrence for dim 16..16*L (the lines
+  interleave), but an occurrence of another row fills the gap; otherwise one line-step per
+  cycle (SUM) or two (MUL+FMA).
 - End: write-back of every cached row (one line per cycle as the port accepts), then ``done``
   after the last write response.
+- Validation streams whole lines: the offsets through a 64-line reorder buffer, the indices
+  through a 128-line one, so at a 120-cycle read latency it takes about 2 cycles per offsets
+  line and 1 per indices line (16 elements each), plus 1 per table.
 - Fixed cost per command: the offsets and then the indices round trip (validation), the
   first fills, the last writes (about 600-900 cycles at 120/280-cycle read/write latency).
 Measured (tests/test_update_engine.py, test_perf: 120-cycle reads, 280-cycle writes retired at
-0.32 lines/cycle, <= 256 reads / 128 writes outstanding): one dim-16 row 400 times in a row:
-7.2 cycles/occurrence, 5.1 marginal; the same for a dim-32 WEIGHTED_SUM row: 5.2 marginal;
-uniform random rows, dim 16: 6.4 (512 occurrences, no eviction) and 3.9 (4096 occurrences,
+0.32 lines/cycle, <= 256 reads / 128 writes outstanding; UE_PERF_JSON=F writes them): one
+dim-16 row 400 times in a row: 7.2 cycles/occurrence (its 1.7 marginal is below the 5-cycle
+chain because the 100-occurrence run is the first command and also waits for the INIT sweep); the same for a dim-32 WEIGHTED_SUM row: 5.2 marginal; uniform
+random rows, dim 16: 6.3 (512 occurrences, no eviction) and 3.8 (4096 occurrences,
 evicting), 3.5 marginal (the write bandwidth allows 3.1); dim-64 WEIGHTED_SUM, 512 random
-occurrences: 15.5 (write bound: 1940 lines at 0.32/cycle); Zipf(1.2) rows, dim 32: 3.4.
+occurrences: 15.5 (write bound: 1940 lines at 0.32/cycle); Zipf(1.2) rows, dim 32: 3.2.
 
 Assumptions: the processor has checked the descriptor (T in 1..128, B >= 1, dims multiples of
 16 in [16, 256], rows >= 1, pooling mode, has_weights for WEIGHTED_SUM). The memory port honours
@@ -355,8 +363,8 @@ class UpdateEngine(wiring.Component):
     OCC_DEPTH = 128
     FMA_QUEUE_DEPTH = 16
     BAG_DEPTH = 32
-    OFFSETS_ROB = 16
-    INDICES_ROB = 64
+    OFFSETS_ROB = 64
+    INDICES_ROB = 128
     WEIGHTS_ROB = 16
 
     @classmethod
@@ -541,7 +549,8 @@ class UpdateEngine(wiring.Component):
         m.submodules.scr_arrived = scr_arrived = Memory(shape=1, depth=SL, init=[])
         arr_set = scr_arrived.write_port()
         arr_clr = scr_arrived.write_port()
-        arr_rd = scr_arrived.read_port(domain="comb")
+        arr_rd = scr_arrived.read_port(domain="comb")          # FMA window entry A's row line
+        arr_rd_b = scr_arrived.read_port(domain="comb")        # ... and entry B's
         m.d.comb += [scr_fill.addr.eq(rpay[:SB]), scr_fill.data.eq(rsp.payload.data),
                      scr_fill.en.eq(rsp.valid & (rkind == Kind.ROW)),
                      arr_set.addr.eq(rpay[:SB]), arr_set.data.eq(1), arr_set.en.eq(rsp.valid & (rkind == Kind.ROW)),
@@ -554,7 +563,8 @@ class UpdateEngine(wiring.Component):
         garr_set = grad_arrived.write_port()
         garr_clr = grad_arrived.write_port()
         garr_mul = grad_arrived.read_port(domain="comb")
-        garr_fma = grad_arrived.read_port(domain="comb")
+        garr_fma = grad_arrived.read_port(domain="comb")     # FMA window entry A's gradient line
+        garr_fma_b = grad_arrived.read_port(domain="comb")   # ... and entry B's
         m.d.comb += [grad_wp.addr.eq(rpay[:GB]), grad_wp.data.eq(rsp.payload.data),
                      grad_wp.en.eq(rsp.valid & (rkind == Kind.GRAD)),
                      garr_set.addr.eq(rpay[:GB]), garr_set.data.eq(1), garr_set.en.eq(rsp.valid & (rkind == Kind.GRAD)),
@@ -1247,15 +1257,11 @@ class UpdateEngine(wiring.Component):
         mf = Signal(occ_rec)
         mf_k = Signal(5)
         mf_cpos = Signal(CB)
-        ff_valid = Signal()
-        ff = Signal(q2_rec)
-        ff_k = Signal(5)
 
         fma_go = Signal()
         mul_go = Signal()
         sum_pass = Signal()
         mf_finish = Signal()
-        ff_finish = Signal()
         cpos_cur = Signal(CB)
         m.d.comb += cpos_cur.eq(Mux(mf_k == 0, c_head[:CB], mf_cpos))
         m.d.comb += garr_mul.addr.eq((mf.gpos + mf_k)[:GB])
@@ -1280,37 +1286,85 @@ class UpdateEngine(wiring.Component):
         with m.Elif(mf_finish):
             m.d.sync += mf_valid.eq(0)
 
-        # FMA front.
-        row_line = Signal(SB)
-        c_line = Signal(GB)
-        m.d.comb += [row_line.eq(ff.row_base | ff_k), c_line.eq(ff.cpos + ff_k), arr_rd.addr.eq(row_line),
-                     garr_fma.addr.eq(c_line)]
-        c_ready = Mux(ff.csrc, con_valid.bit_select(c_line[:CB], 1), garr_fma.data)
+        # FMA front: a window of the two oldest queued occurrences, A (older) and B. A issues
+        # when its operands are there and no FMA on its row line is in flight; otherwise B
+        # may, unless it updates A's row (one row's updates stay in program order). So a hot
+        # row waiting L cycles for its own result does not hold up the next row.
+        # Occurrences leave the window in order: a B that finishes first is marked done and
+        # leaves with A. Its ring lines are freed with A's (both rings free in order), and its
+        # completion is counted with A's last result (``completed`` must count a prefix of the
+        # occurrence order: pinning relies on it).
+        wa_valid, wb_valid, b_done = Signal(), Signal(), Signal()
+        wa, wb = Signal(q2_rec), Signal(q2_rec)
+        wa_k, wb_k = Signal(5), Signal(5)
+        row_a, row_b = Signal(SB), Signal(SB)
+        c_a, c_b = Signal(GB), Signal(GB)
+        m.d.comb += [row_a.eq(wa.row_base | wa_k), c_a.eq(wa.cpos + wa_k), arr_rd.addr.eq(row_a),
+                     garr_fma.addr.eq(c_a),
+                     row_b.eq(wb.row_base | wb_k), c_b.eq(wb.cpos + wb_k), arr_rd_b.addr.eq(row_b),
+                     garr_fma_b.addr.eq(c_b)]
         HZ = Fp32Fma.LATENCIES[self.fp32_pipeline] - 1     # FMAs issued 1..HZ cycles ago are in flight
         hz_valid = [Signal(name=f"hz_valid{i}") for i in range(HZ)]
         hz_addr = [Signal(SB, name=f"hz_addr{i}") for i in range(HZ)]
-        hazard = 0
-        for i in range(HZ):
-            hazard = hazard | (hz_valid[i] & (hz_addr[i] == row_line))
+
+        def operands_ready(rec, row, c, arrived, g_arrived):
+            in_flight = 0
+            for i in range(HZ):
+                in_flight = in_flight | (hz_valid[i] & (hz_addr[i] == row))
+            c_ready = Mux(rec.csrc, con_valid.bit_select(c[:CB], 1), g_arrived)
+            return arrived & c_ready & ~in_flight
+
+        go_a, go_b = Signal(), Signal()
+        fin_a, fin_b = Signal(), Signal()
+        m.d.comb += [
+            go_a.eq(wa_valid & operands_ready(wa, row_a, c_a, arr_rd.data, garr_fma.data) & ~freeze),
+            go_b.eq(~go_a & wb_valid & ~b_done & (wb.row_base != wa.row_base) &
+                    operands_ready(wb, row_b, c_b, arr_rd_b.data, garr_fma_b.data) & ~freeze),
+            fma_go.eq(go_a | go_b),
+            fin_a.eq(go_a & (wa_k + 1 == wa.lines)),
+            fin_b.eq(go_b & (wb_k + 1 == wb.lines)),
+        ]
+        row_line = Signal(SB)
+        c_line = Signal(GB)
+        csrc = Signal()
+        m.d.comb += [row_line.eq(Mux(go_b, row_b, row_a)), c_line.eq(Mux(go_b, c_b, c_a)),
+                     csrc.eq(Mux(go_b, wb.csrc, wa.csrc))]
         m.d.sync += [hz_valid[0].eq(fma_go), hz_addr[0].eq(row_line)]
         for i in range(1, HZ):
             m.d.sync += [hz_valid[i].eq(hz_valid[i - 1]), hz_addr[i].eq(hz_addr[i - 1])]
-        m.d.comb += [
-            fma_go.eq(ff_valid & arr_rd.data & c_ready & ~hazard & ~freeze),
-            ff_finish.eq(fma_go & (ff_k + 1 == ff.lines)),
-            fma_q.r_en.eq(~ff_valid | ff_finish),
-        ]
-        with m.If(fma_go):
-            m.d.sync += ff_k.eq(ff_k + 1)
-        with m.If(ff_finish):
-            with m.If(ff.csrc):
-                m.d.sync += c_tail.eq(c_tail + ff.lines)
-            with m.If(ff.bag_last):
-                m.d.sync += g_tail.eq(g_tail + ff.lines)
+
+        with m.If(go_a & ~fin_a):
+            m.d.sync += wa_k.eq(wa_k + 1)
+        with m.If(go_b):
+            m.d.sync += wb_k.eq(wb_k + 1)
+            with m.If(fin_b):
+                m.d.sync += b_done.eq(1)
+        b_leaves = wb_valid & b_done             # with A, this cycle, when A finishes
+        with m.If(fin_a):
+            # A leaves (and a finished B with it): free their ring lines, in order.
+            m.d.sync += [
+                c_tail.eq(c_tail + Mux(wa.csrc, wa.lines, 0) + Mux(b_leaves & wb.csrc, wb.lines, 0)),
+                g_tail.eq(g_tail + Mux(wa.bag_last, wa.lines, 0) + Mux(b_leaves & wb.bag_last, wb.lines, 0)),
+            ]
+        # Window refill: B moves up into A when A leaves without it; the queue's head goes to
+        # the first entry free after this cycle.
+        a_free = Signal()
+        b_free = Signal()
+        m.d.comb += [a_free.eq(~wa_valid | (fin_a & ~(wb_valid & ~b_done))),
+                     b_free.eq(~wb_valid | fin_a),
+                     fma_q.r_en.eq(b_free)]
+        with m.If(fin_a):
+            m.d.sync += [wa_valid.eq(0), wb_valid.eq(0), b_done.eq(0)]
+            with m.If(wb_valid & ~b_done):
+                m.d.sync += [wa.eq(wb), wa_k.eq(wb_k), wa_valid.eq(1)]
         with m.If(fma_q.r_en & fma_q.r_rdy):
-            m.d.sync += [ff.eq(fma_q.r_data), ff_valid.eq(1), ff_k.eq(0)]
-        with m.Elif(ff_finish):
-            m.d.sync += ff_valid.eq(0)
+            with m.If(a_free):
+                m.d.sync += [wa.eq(fma_q.r_data), wa_k.eq(0), wa_valid.eq(1)]
+            with m.Else():
+                m.d.sync += [wb.eq(fma_q.r_data), wb_k.eq(0), wb_valid.eq(1), b_done.eq(0)]
+        # Occurrences this issue completes, in order: A's last line counts A and a finished B.
+        done_cnt = Signal(2)
+        m.d.comb += done_cnt.eq(Mux(fin_a, 1 + b_leaves, 0))
 
         # Operand reads (cycle 0), lane inputs (cycle 1), results (cycle 6).
         m.d.comb += [grad_rp.addr.eq(Mux(fma_go, c_line, (mf.gpos + mf_k)[:GB])), con_rp.addr.eq(c_line[:CB]),
@@ -1319,12 +1373,12 @@ class UpdateEngine(wiring.Component):
         c1_mul = Signal()
         c1_row = Signal(SB)
         c1_cdst = Signal(CB)
-        c1_last = Signal()
+        c1_done = Signal(2)
         c1_scale = Signal(32)
         c1_csrc = Signal()
         m.d.sync += [c1_fma.eq(fma_go), c1_mul.eq(mul_go), c1_row.eq(row_line), c1_cdst.eq(cpos_cur + mf_k),
-                     c1_last.eq(ff_finish), c1_scale.eq(mf.scale), c1_csrc.eq(ff.csrc)]
-        tag_w = 1 + max(SB, CB) + 1
+                     c1_done.eq(done_cnt), c1_scale.eq(mf.scale), c1_csrc.eq(csrc)]
+        tag_w = 1 + max(SB, CB) + 2
         lanes = []
         for i in range(LANES):
             lane = Fp32Fma(tag_width=tag_w if i == 0 else 1, pipeline=self.fp32_pipeline)
@@ -1334,7 +1388,7 @@ class UpdateEngine(wiring.Component):
         o_fma = lanes[0].o_valid & o_tag[0]
         o_mul = lanes[0].o_valid & ~o_tag[0]
         o_addr = o_tag[1:1 + max(SB, CB)]
-        o_last = o_tag[tag_w - 1]
+        o_done = o_tag[tag_w - 2:]                  # occurrences completed (done_cnt)
         fwd = Signal()
         m.d.comb += fwd.eq(o_fma & (o_addr[:SB] == c1_row))
         neg_lr = Cat(cmd.lr[:31], ~cmd.lr[31])
@@ -1349,17 +1403,17 @@ class UpdateEngine(wiring.Component):
                 lane.b.eq(Mux(c1_fma, Mux(c1_csrc, con_rp.data[sl], g), c1_scale)),
                 lane.c.eq(row),
             ]
-        m.d.comb += lanes[0].i_tag.eq(Cat(c1_fma, Mux(c1_fma, c1_row, c1_cdst), c1_last))
+        m.d.comb += lanes[0].i_tag.eq(Cat(c1_fma, Mux(c1_fma, c1_row, c1_cdst), c1_done))
         results = Cat(*[lane.o_result for lane in lanes])
         m.d.comb += [scr_upd.addr.eq(o_addr[:SB]), scr_upd.data.eq(results), scr_upd.en.eq(o_fma),
                      con_wp.addr.eq(o_addr[:CB]), con_wp.data.eq(results), con_wp.en.eq(o_mul)]
-        with m.If(o_fma & o_last):
-            m.d.sync += completed.eq(completed + 1)
+        with m.If(o_fma):
+            m.d.sync += completed.eq(completed + o_done)
         con_set = Mux(o_mul, Const(1, self.CONTRIB_LINES) << o_addr[:CB], 0)
-        con_clr = Mux(fma_go & ff.csrc, Const(1, self.CONTRIB_LINES) << c_line[:CB], 0)
+        con_clr = Mux(fma_go & csrc, Const(1, self.CONTRIB_LINES) << c_line[:CB], 0)
         m.d.sync += con_valid.eq((con_valid | con_set) & ~con_clr)
         with m.If(clr):
-            m.d.sync += [mf_valid.eq(0), ff_valid.eq(0), c_head.eq(0), c_tail.eq(0), con_valid.eq(0),
+            m.d.sync += [mf_valid.eq(0), wa_valid.eq(0), wb_valid.eq(0), b_done.eq(0), c_head.eq(0), c_tail.eq(0), con_valid.eq(0),
                          completed.eq(0)] + [h.eq(0) for h in hz_valid]
         # The INIT sweep (placed last: it overrides the ports' other drivers, idle anyway).
         with m.If(state == Main.INIT):
