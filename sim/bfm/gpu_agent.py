@@ -58,14 +58,15 @@ from typing import Callable
 
 import numpy as np
 
+from hw.common.cxl_mem import LINE_BYTES
+from hw.config import DeviceConfig
+from hw.ndp.command import FLOATS_PER_LINE
 from sim.model.checkpoint import values_to_lines
 from sim.model.dlrm import DlrmPreset, get_preset
 
-FLOATS_PER_LINE = 16
-LINE_BYTES = 64
 RTX3090_PEAK_FLOPS = 35.58e12
 DEFAULT_EFFICIENCY = 0.5
-DEFAULT_CLOCK_MHZ = 500          # hw/config.py DeviceConfig.clock_mhz
+DEFAULT_CLOCK_MHZ = DeviceConfig.clock_mhz
 PHASES = ("bottom_fwd", "interaction_fwd", "top_fwd", "top_bwd", "interaction_bwd", "bottom_bwd")
 
 

@@ -28,8 +28,8 @@ from typing import Iterable
 import numpy as np
 from cocotb.triggers import RisingEdge
 
-LINE_BYTES = 64
-LINE_BITS = 8 * LINE_BYTES
+from hw.common.cxl_mem import LINE_BITS, LINE_BYTES
+
 # GPI set action "no delay" (cocotb.handle._GPISetAction.NO_DELAY = vpiNoDelay): the value
 # is stored at once. Action 0 (deposit) is an inertial put in Verilator, applied only at
 # the simulator's next evaluation, so a read right after a write would see the old value.

@@ -79,6 +79,7 @@ import numpy as np
 from hw.checkpoint.log_format import (ENTRY_MAGIC, LOG_MAGIC, RECORD_LINE_APPLIED, RECORD_LINE_LOGGED,
                                       SLOT_HEADER_LINES, EntryHeader, LogRecord, LogRegion, LogState,
                                       emb_slot_base, mlp_slot_base)
+from hw.common.cxl_mem import LINE_BYTES
 from hw.ndp.command import FLOATS_PER_LINE, NdpError
 from sim.model import embedding
 from sim.model.codec import StructCodec
@@ -87,7 +88,6 @@ RECORD = StructCodec(LogRecord)
 ENTRY = StructCodec(EntryHeader)
 REGION = StructCodec(LogRegion)
 
-LINE_BYTES = 64
 WORD_BYTES = 8
 WORDS_PER_LINE = LINE_BYTES // WORD_BYTES
 MAX_DIM_LINES = 16
