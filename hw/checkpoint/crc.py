@@ -14,10 +14,8 @@ from functools import lru_cache
 
 from amaranth import Cat, Const, Value
 
+from ..common.cxl_mem import LINE_BITS, LINE_BYTES
 from .log_format import CRC_INIT
-
-LINE_BYTES = 64
-LINE_BITS = 8 * LINE_BYTES
 
 
 def crc32_register_update(state: int, line_bytes: bytes) -> int:

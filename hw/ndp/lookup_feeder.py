@@ -9,7 +9,8 @@ Ports
 - ``done`` (pulse): every item has been emitted (or the command failed); ``error`` and
   ``error_info`` are valid with it. ``lookups``: ROW items emitted so far.
 - ``mem``: reads of the offsets, indices and weights arrays (three ElementReaders behind a
-  MemPortArbiter; ``ctx_bits`` is the port's ctx width).
+  MemPortArbiter; ``ctx_bits`` is the port's ctx width). ``table_index`` runs one table
+  ahead of the table being fed, except in the first table's descriptor read.
 
 Order and contents: bags in TBE order (t*B + b); a bag of L > 0 indices becomes L ROW items
 (``first`` on the first, ``last`` on the last) all for one unit, a bag of L = 0 one EMPTY
@@ -20,8 +21,10 @@ its pooled vector goes to (``out_addr + b * row_pitch_lines + col_lines``).
 The feeder emits up to one item per cycle. A bag's end offset is read and its unit chosen
 (round robin over the units with room) in the cycle that takes the previous bag's last
 item, so inside a table a bag of L > 0 indices costs L cycles and an empty bag 1; the first
-bag of a table costs one more, and a table 2 more (its descriptor). A bag waits a cycle
-more when its offset is not there yet or no unit has room.
+bag of a table costs one more (the next table's descriptor is read while the table before
+it runs), the first table 2 more. A bag waits a cycle more when its offset is not there yet
+or no unit has room. Start-up: offsets[0] and offsets[T*B] are read at once (the indices
+reader fetches the latter), then the indices: two read round trips before the first item.
 
 Checks, in stream order (element positions in ``error_info``): OFFSETS when offsets[0] != 0
 (``error_info`` 0), offsets[T*B] != ``cmd.index_count`` (T*B), or an offset is below the
@@ -118,11 +121,12 @@ class LookupFeeder(wiring.Component):
         err = Signal(NdpError)
         err_info = Signal(32)
         half_bag = Signal()              # items of the current bag were emitted
+        got_end = Signal()               # offsets[T*B] is in off_end
+        got_first = Signal()             # offsets[0] is in prev
         media = Signal()
         cap = self.capacity_lines
 
-        m.d.comb += [offs.base.eq(cmd.offsets_addr), idxs.base.eq(cmd.indices_addr),
-                     wgts.base.eq(cmd.weights_addr), self.table_index.eq(t)]
+        m.d.comb += [offs.base.eq(cmd.offsets_addr), wgts.base.eq(cmd.weights_addr)]
         with m.If(offs.media_error | idxs.media_error | wgts.media_error):
             m.d.sync += media.eq(1)
 
@@ -178,14 +182,15 @@ class LookupFeeder(wiring.Component):
             with m.If(bag + 1 == nbags):
                 m.next = "DRAIN"
             with m.Elif(b + 1 == cmd.batch_size):
-                m.d.sync += [b.eq(0), t.eq(t + 1), out_row.eq(cmd.out_addr)]
-                m.next = "TABLE"
+                # table_index has been t + 1 since the bag began: its descriptor is here.
+                m.d.sync += [b.eq(0), t.eq(t + 1), out_row.eq(cmd.out_addr), tbl.eq(self.table)]
+                m.next = "BAG"
             with m.Else():
                 m.d.sync += [b.eq(b + 1), out_row.eq(out_row + cmd.row_pitch_lines)]
                 m.next = "BAG"
                 load_bag(bag + 1)
 
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += [nbags.eq(cmd.num_tables * cmd.batch_size), bag.eq(0), b.eq(0), t.eq(0),
@@ -193,21 +198,19 @@ class LookupFeeder(wiring.Component):
                                  self.lookups.eq(0), out_row.eq(cmd.out_addr)]
                     m.next = "READ_END"
             with m.State("READ_END"):
-                m.d.comb += [offs.start.eq(1), offs.first.eq(nbags), offs.count.eq(1)]
+                # Both ends of the offsets array at once: the stream from offsets[0], and
+                # offsets[T*B] through the indices reader (idle until CHECK).
+                m.d.comb += [offs.start.eq(1), offs.first.eq(0), offs.count.eq(nbags + 1),
+                             idxs.start.eq(1), idxs.first.eq(nbags), idxs.count.eq(1)]
+                m.d.sync += [got_end.eq(0), got_first.eq(0)]
                 m.next = "WAIT_END"
             with m.State("WAIT_END"):
-                m.d.comb += offs.elems.ready.eq(1)
-                with m.If(offs.elems.valid):
-                    m.d.sync += off_end.eq(offs.elems.payload)
-                    m.next = "READ_OFFSETS"
-            with m.State("READ_OFFSETS"):
-                with m.If(~offs.busy):
-                    m.d.comb += [offs.start.eq(1), offs.first.eq(0), offs.count.eq(nbags + 1)]
-                    m.next = "WAIT_FIRST"
-            with m.State("WAIT_FIRST"):
-                m.d.comb += offs.elems.ready.eq(1)
-                with m.If(offs.elems.valid):
-                    m.d.sync += prev.eq(offs.elems.payload)
+                m.d.comb += [idxs.elems.ready.eq(~got_end), offs.elems.ready.eq(~got_first)]
+                with m.If(idxs.elems.valid & ~got_end):
+                    m.d.sync += [off_end.eq(idxs.elems.payload), got_end.eq(1)]
+                with m.If(offs.elems.valid & ~got_first):
+                    m.d.sync += [prev.eq(offs.elems.payload), got_first.eq(1)]
+                with m.If((got_end | idxs.elems.valid) & (got_first | offs.elems.valid)):
                     m.next = "CHECK"
             with m.State("CHECK"):
                 # PyTorch's contract: offsets run from 0 to the index count. Anything else
@@ -220,12 +223,13 @@ class LookupFeeder(wiring.Component):
                     fail(NdpError.ADDRESS, AddressFault.INDICES)
                 with m.Elif(cmd.flags.has_weights & (cmd.weights_addr + idx_lines > cap)):
                     fail(NdpError.ADDRESS, AddressFault.WEIGHTS)
-                with m.Else():
+                with m.Elif(~idxs.busy):
                     m.d.comb += [idxs.start.eq(1), idxs.first.eq(prev), idxs.count.eq(off_end - prev),
                                  wgts.start.eq(cmd.flags.has_weights), wgts.first.eq(prev),
                                  wgts.count.eq(off_end - prev)]
                     m.next = "TABLE"
             with m.State("TABLE"):           # table_index = t: the descriptor arrives next cycle
+                                             # (the first table; later ones are prefetched)
                 m.next = "TABLE_LOAD"
             with m.State("TABLE_LOAD"):
                 m.d.sync += tbl.eq(self.table)
@@ -262,4 +266,9 @@ class LookupFeeder(wiring.Component):
                     m.d.comb += [self.error.eq(Mux((err == NdpError.OK) & media, NdpError.MEDIA, err)),
                                  self.error_info.eq(err_info)]
                     m.next = "IDLE"
+        # The indices reader fetches offsets[T*B] in READ_END. From the first table's BAG on,
+        # the table memory is read one table ahead, so crossing to the next table costs one
+        # cycle (BAG), not three.
+        m.d.comb += [idxs.base.eq(Mux(fsm.ongoing("READ_END"), cmd.offsets_addr, cmd.indices_addr)),
+                     self.table_index.eq(Mux(fsm.ongoing("TABLE"), t, t + 1))]
         return m
