@@ -128,10 +128,11 @@ Pipeline, latency and throughput (one request per cycle at most)
 Measured (tests/test_update_engine.py, test_perf: 120-cycle reads, 280-cycle writes retired at
 0.32 lines/cycle, <= 256 reads / 128 writes outstanding; UE_PERF_JSON=F writes them): one
 dim-16 row 400 times in a row: 7.2 cycles/occurrence (its 1.7 marginal is below the 5-cycle
-chain because the 100-occurrence run is the first command and also waits for the INIT sweep); the same for a dim-32 WEIGHTED_SUM row: 5.2 marginal; uniform
-random rows, dim 16: 6.3 (512 occurrences, no eviction) and 3.8 (4096 occurrences,
-evicting), 3.5 marginal (the write bandwidth allows 3.1); dim-64 WEIGHTED_SUM, 512 random
-occurrences: 15.5 (write bound: 1940 lines at 0.32/cycle); Zipf(1.2) rows, dim 32: 3.2.
+chain because the 100-occurrence run is the first command and also waits for the INIT
+sweep); the same for a dim-32 WEIGHTED_SUM row: 5.2 marginal; uniform random rows, dim 16:
+6.3 (512 occurrences, no eviction) and 3.8 (4096 occurrences, evicting), 3.5 marginal (the
+write bandwidth allows 3.1); dim-64 WEIGHTED_SUM, 512 random occurrences: 15.5 (write bound:
+1940 lines at 0.32/cycle); Zipf(1.2) rows, dim 32: 3.2.
 
 Assumptions: the processor has checked the descriptor (T in 1..128, B >= 1, dims multiples of
 16 in [16, 256], rows >= 1, pooling mode, has_weights for WEIGHTED_SUM). The memory port honours
@@ -1413,8 +1414,8 @@ class UpdateEngine(wiring.Component):
         con_clr = Mux(fma_go & csrc, Const(1, self.CONTRIB_LINES) << c_line[:CB], 0)
         m.d.sync += con_valid.eq((con_valid | con_set) & ~con_clr)
         with m.If(clr):
-            m.d.sync += [mf_valid.eq(0), wa_valid.eq(0), wb_valid.eq(0), b_done.eq(0), c_head.eq(0), c_tail.eq(0), con_valid.eq(0),
-                         completed.eq(0)] + [h.eq(0) for h in hz_valid]
+            m.d.sync += [mf_valid.eq(0), wa_valid.eq(0), wb_valid.eq(0), b_done.eq(0), c_head.eq(0), c_tail.eq(0),
+                         con_valid.eq(0), completed.eq(0)] + [h.eq(0) for h in hz_valid]
         # The INIT sweep (placed last: it overrides the ports' other drivers, idle anyway).
         with m.If(state == Main.INIT):
             m.d.comb += [tag_wp.addr.eq(init_ctr), tag_wp.data.eq(0), tag_wp.en.eq((1 << W) - 1),
