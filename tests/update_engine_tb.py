@@ -499,6 +499,13 @@ async def test_hot_rows_and_dim256(dut):
     wl2 = Workload(bench, [(30, 256, "mean"), (50, 16, "sum")], rng, base=wl.args + 64)
     args = wl2.batch(6, uniform_bags(rng, 1, 5, empty=0.1), rows_with_dups(rng, wl2, hot=2))
     await run_and_check(bench, wl2, args, "dim 256", exact_traffic=SCRATCH >= 1024)
+    # Every other occurrence is the hot row: it waits for its own FMA while the next one (another
+    # row) issues and finishes first (the FMA window), and the MUL front, running ahead in
+    # those waits, wraps the contribution ring: rings must still be freed in order.
+    wl3 = Workload(bench, [(40, 64, "weighted_sum"), (40, 32, "mean")], rng, base=wl2.args + 64)
+    alternate = lambda t, n: [0 if i % 2 == 0 else int(rng.integers(1, 40)) for i in range(n)]   # noqa: E731
+    args = wl3.batch(8, lambda t, b: 12, alternate)
+    await run_and_check(bench, wl3, args, "hot row between others", exact_traffic=SCRATCH >= 1024)
 
 
 @cocotb.test()

@@ -2,6 +2,7 @@
 
   trainingcxl trace stats FILE [--json OUT] [--row-cache-kib 256,1024,4096]
   trainingcxl trace stats --preset P [--batches N] [--seed S] [--batch-size B] [--rows-cap R] [--json OUT]
+                          [--row-cache-kib ...]
 
 The figures and their definitions: sim/model/trace_stats.py. With ``--preset`` the trace is
 generated in memory (as ``trainingcxl trace`` would write it), to check whether a preset has

@@ -98,7 +98,10 @@ Scratchpad (a write-back cache of rows)
   same-cycle result); the tag store is one ``BypassRam`` per way. A tag invalidation (the
   victim's entry, or a flush) is written one cycle after it is decided, through the way's only
   write port; no insert and no tag lookup happens in that cycle (the manager is in FILL or
-  FL_CHK), so lookups never see the stale entry.
+  FL_CHK), so lookups never see the stale entry. The arrival bits of the scratchpad (1 x
+  scratch_lines) and of the gradient ring (1 x 256) are set by responses and cleared by
+  issues (two write ports) and read by the FMA window's two entries (and the MUL front):
+  flip-flops, below the audit's 4-kbit limit (tools/mem_audit.py).
 
 Pipeline, latency and throughput (one request per cycle at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
