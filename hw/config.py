@@ -24,10 +24,12 @@ class DeviceConfig:
     simulation build does, so tests can drive it until the NDP engines use it). bias_pages:
     entries of the bias table (1 MiB pages in the 64 GiB default, 4 KiB in simulation).
     lookup_units / lookup_rob_depth: the lookup engine's reduce units and the row lines each
-    keeps in flight (hw/ndp/lookup.py). update_scratch_lines: the update engine's row
-    scratchpad in lines (hw/ndp/update.py). log_set_entries: the undo-log engine's
-    deduplication set, in (table, row) keys (hw/checkpoint/undo_log.py). fp32_pipeline: the
-    FP32 FMA and divider pipelines of both engines ("compact" or "deep", below).
+    keeps in flight (hw/ndp/lookup.py). lookup_cache_lines: each lookup unit's row cache in
+    64-byte lines (hw/mem/line_cache.py; 0 = no cache, the paper's design).
+    update_scratch_lines: the update engine's row scratchpad in lines (hw/ndp/update.py).
+    log_set_entries: the undo-log engine's deduplication set, in (table, row) keys
+    (hw/checkpoint/undo_log.py). fp32_pipeline: the FP32 FMA and divider pipelines of both
+    engines ("compact" or "deep", below).
     """
     channels: int = 4
     capacity_bytes: int = 64 << 30          # 4 x 16 GiB: an Alveo U200's four DDR4 channels
@@ -42,6 +44,8 @@ class DeviceConfig:
     bias_pages: int = 65536                 # HDM-D bias table entries (page = capacity / pages)
     lookup_units: int = 3                   # LOOKUP reduce units (16 FP32 lanes and a memory port each)
     lookup_rob_depth: int = 128             # row lines in flight per lookup unit
+    # LOOKUP row cache per unit (64 KiB: 16 BRAM36 of data); 0 turns it off (issue 15).
+    lookup_cache_lines: int = 1024
     update_scratch_lines: int = 1024        # UPDATE row scratchpad (64 KiB)
     # LOG: distinct rows tracked per pass (4 ways x 55 bits: 14.4 Mbit, ~56 URAM288 of the
     # XCU200's 960). Every pass streams the whole index array and a pass fits about 1/8 of
@@ -75,6 +79,9 @@ class DeviceConfig:
                              "at most 2**24 pages")
         if not 1 <= self.lookup_units <= 16 or not pow2(self.lookup_rob_depth):
             raise ValueError("lookup_units must be 1..16 and lookup_rob_depth a power of two")
+        if self.lookup_cache_lines and (not pow2(self.lookup_cache_lines) or self.lookup_cache_lines < 2
+                                        or self.lookup_cache_lines >= self.capacity_lines):
+            raise ValueError("lookup_cache_lines must be 0 (off) or a power of two >= 2, below the capacity")
         if not pow2(self.cache_lines) or not pow2(self.cache_trackers) or self.cache_trackers > 4096:
             raise ValueError("cache_lines and cache_trackers must be powers of two (trackers <= 4096)")
 

@@ -34,10 +34,13 @@ def _case(rng: np.random.Generator, bad: str | None = None):
     B = 3
     if bad == "one_line":                   # one bag, one dim-16 row: a single pooled line
         specs, B = [(37, 16, "sum")], 1
+    hot = bad == "hot"                      # rows repeat (the row cache's hits), more bags
+    if hot:
+        B = 8
     tables = [rng.standard_normal((rows, dim)).astype(np.float32) for rows, dim, _ in specs]
-    lengths = rng.integers(1 if bad == "one_line" else 0, 5, size=len(specs) * B)
+    lengths = rng.integers(1 if bad == "one_line" else 0, 7 if hot else 5, size=len(specs) * B)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint32)
-    indices = np.concatenate([rng.integers(0, specs[i // B][0], size=n) for i, n in enumerate(lengths)]
+    indices = np.concatenate([rng.integers(0, 3 if hot else specs[i // B][0], size=n) for i, n in enumerate(lengths)]
                              ).astype(np.uint32)
     weights = rng.standard_normal(indices.size).astype(np.float32)
     index_count = indices.size
@@ -97,20 +100,21 @@ def _case(rng: np.random.Generator, bad: str | None = None):
                     "indices_addr": layout["indices"], "weights_addr": layout["weights"],
                     "out_addr": layout["out"], "row_pitch_lines": pitch, "lr": 0, "index_count": index_count})
     golden = None
-    if bad in (None, "nonfinite", "last_empty", "one_line"):
+    if bad in (None, "nonfinite", "last_empty", "one_line", "hot"):
         golden = tbe_forward(tables, offsets, indices[:index_count], [m for _, _, m in specs], B,
                              weights[:index_count])
     return mem, cmd, [TBL.unpack(mem[layout["tables"] + t]) for t in range(len(specs))], golden, layout, specs
 
 
-def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline: str = "compact"):
+def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline: str = "compact",
+         cache_lines: int = 0):
     rng = np.random.default_rng(seed)
     prng = random.Random(seed)
     mem, cmd, descs, golden, layout, specs = _case(rng, bad)
     if to_host:
         cmd |= 1 << CMD._offsets["flags"][0]
     dut = LookupEngine(addr_bits=12, capacity_lines=CAP, units=2, item_depth=16, rob_depth=16, id_base=0x40,
-                       fp32_pipeline=fp32_pipeline)
+                       fp32_pipeline=fp32_pipeline, cache_lines=cache_lines)
     result = {}
     pushed = {}
 
@@ -158,6 +162,7 @@ def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline
                         mem[addr] = ctx.get(port.req.payload.data)
                         pending[p].append((cycle + prng.randint(3, 20), "wr_rsp", ctx.get(port.req.payload.ctx), addr))
                     else:
+                        result["reads"] = result.get("reads", 0) + 1
                         pending[p].append((cycle + prng.randint(3, 20), "rd_rsp", ctx.get(port.req.payload.ctx), addr))
             if ctx.get(preq.valid) and ctx.get(preq.ready):
                 pushed[ctx.get(preq.payload.addr)] = ctx.get(preq.payload.data)
@@ -169,6 +174,9 @@ def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline
                 result["lookups"] = ctx.get(dut.ctl.stats.lookups)
                 result["lines_pushed"] = ctx.get(dut.ctl.stats.lines_pushed)
                 result["lines_written"] = ctx.get(dut.ctl.stats.lines_written)
+                result["lines_read"] = ctx.get(dut.ctl.stats.lines_read)
+                result["cache_hits"] = ctx.get(dut.ctl.stats.cache_hits)
+                result["port_reads"] = result.get("reads", 0)
                 result["writes_acked"] = result.get("writes", 0) - sum(
                     1 for q in pending for e in q if e[1] == "wr_rsp")
                 result["pushes_acked"] = result.get("pushes", 0) - len(push_pending)
@@ -224,6 +232,22 @@ def _check_pooled(seed, to_host, result, out, golden, layout, specs):
             got = np.frombuffer(raw, dtype="<f4")
             assert (_as_bits(got) == _as_bits(golden[t][b])).all(), f"seed {seed} table {t} bag {b}"
         col += dl
+
+
+@pytest.mark.parametrize("to_host", [False, True])
+@pytest.mark.parametrize("case", [None, "hot"])
+def test_lookup_row_cache(case, to_host):
+    """With a row cache per unit (8 lines: conflicts, and the unit's own output writes in
+    device-output mode): the same pooled vectors bit for bit; hot rows are served on chip,
+    and lines_read counts only what reached the ports."""
+    seed = int(os.environ.get("TCXL_SEED", "0")) or random.randrange(1 << 30)
+    print(f"seed {seed} (replay with TCXL_SEED={seed})")
+    result, out, golden, layout, specs = _run(seed, bad=case, to_host=to_host, cache_lines=8)
+    print(result)
+    _check_pooled(seed, to_host, result, out, golden, layout, specs)
+    assert result["lines_read"] == result["port_reads"], result
+    if case == "hot":
+        assert result["cache_hits"] > 0, result
 
 
 def test_lookup_deep_fp32_pipeline():

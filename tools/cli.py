@@ -165,6 +165,9 @@ def cmd_bench(args) -> int:
             "TCXL_OVH_ROWS_CAP": str(rows_cap), "TCXL_OVH_BATCHES": str(args.overhead_batches),
             "TCXL_OVH_MLP_PROBE": "4096"}, "sim.tb.overhead_tb")
     engine = _engine_run(seed, args)
+    # Issue 15: every model's engine efficiencies, and the row cache's effect (same runs without it).
+    engines = _engine_keys("engine", args.engines, args.engines_rows_cap, seed)
+    engines |= _engine_keys("row_cache_off", args.row_cache_off, args.engines_rows_cap, seed, cache_lines=0)
     from hw.config import DeviceConfig
     from sim.model.pmem_params import describe
     cfg = DeviceConfig.for_simulation()
@@ -184,6 +187,7 @@ def cmd_bench(args) -> int:
             "engine_run_update_efficiency": engine["update_efficiency"],
             "engine_run_lookup_physical_efficiency": engine["lookup_physical_efficiency"],
             "engine_run_update_physical_efficiency": engine["update_physical_efficiency"]}),
+        **engines,
         "stream_sim_cycles_per_second": stream["sim_cycles_per_second"],
         "stress_transactions": stress["transactions"],
         "stress_cycles": stress["cycles"],
@@ -204,26 +208,61 @@ def cmd_bench(args) -> int:
     }
     _emit(result, args.json, "TrainingCXL bench")
     ok = not any(r.get("error") for r in (stream, stress, push, *overhead.values())) and \
-        all(r.get("verified") for r in overhead.values()) and (engine is None or engine["verified"])
+        all(r.get("verified") for r in overhead.values()) and (engine is None or engine["verified"]) and \
+        all(v for k, v in engines.items() if k.endswith("_verified"))
     return 0 if ok else 1
 
 
-def _engine_run(seed: int, args) -> dict | None:
-    """The simulation-speed run of issue 14: ``trainingcxl run --model rm1 --config cxl-d --phase
-    embedding --batches 1`` at the bench's batch size and rows cap (LOOKUP and UPDATE dominate;
-    every result verified as in ``run``). None with ``--engine-batch-size 0``."""
-    if not args.engine_batch_size:
-        return None
+def _embedding_run(model: str, batch_size: int, rows_cap: int, seed: int, cache_lines: int | None = None) -> dict:
+    """``trainingcxl run --model M --config cxl-d --phase embedding --batches 1`` (every result
+    verified as in ``run``); ``label`` is the command line that reproduces it."""
     from tools.run_cmd import run_embedding
     run_args = argparse.Namespace(
-        model="rm1", config="cxl-d", phase="embedding", batches=1, trace=None, seed=seed,
-        rows_cap=args.engine_rows_cap, batch_size=args.engine_batch_size, out="host",
-        fp32_pipeline="compact")
+        model=model, config="cxl-d", phase="embedding", batches=1, trace=None, seed=seed,
+        rows_cap=rows_cap, batch_size=batch_size, out="host", fp32_pipeline="compact",
+        lookup_cache_lines=cache_lines)
+    print(f"bench: {model} batch {batch_size} rows cap {rows_cap}"
+          + ("" if cache_lines is None else f", row cache {cache_lines} lines"), file=sys.stderr, flush=True)
     result = run_embedding(run_args)
-    result["label"] = (f"trainingcxl run --model rm1 --config cxl-d --phase embedding --batches 1 "
-                       f"--batch-size {args.engine_batch_size} --rows-cap {args.engine_rows_cap} "
-                       f"--seed {seed}")
+    result["label"] = (f"trainingcxl run --model {model} --config cxl-d --phase embedding --batches 1 "
+                       f"--batch-size {batch_size} --rows-cap {rows_cap} --seed {seed}"
+                       + ("" if cache_lines is None else f" --lookup-cache-lines {cache_lines}"))
     return result
+
+
+def _engine_run(seed: int, args) -> dict | None:
+    """The simulation-speed run of issue 14: rm1 at the bench's batch size and rows cap (LOOKUP
+    and UPDATE dominate). None with ``--engine-batch-size 0``."""
+    if not args.engine_batch_size:
+        return None
+    return _embedding_run("rm1", args.engine_batch_size, args.engine_rows_cap, seed)
+
+
+ENGINE_FIGURES = ("cycles_lookup", "lookup_efficiency", "lookup_physical_efficiency", "lookup_cache_hit_rate",
+                  "cycles_update", "update_efficiency", "update_physical_efficiency", "verified")
+
+
+def _engine_keys(prefix: str, runs: list[tuple[str, int]], rows_cap: int, seed: int,
+                 cache_lines: int | None = None) -> dict:
+    """Issue 15's named keys: ``{prefix}_{model}_b{B}_{figure}`` per run, plus its command line."""
+    out = {}
+    for model, batch in runs:
+        r = _embedding_run(model, batch, rows_cap, seed, cache_lines)
+        key = f"{prefix}_{model}_b{batch}"
+        out.update({f"{key}_{f}": r.get(f) for f in ENGINE_FIGURES})
+        out[f"{key}_run"] = r["label"]
+    return out
+
+
+def _model_batches(text: str) -> list[tuple[str, int]]:
+    """``rm1:64,rm4:512`` -> [("rm1", 64), ("rm4", 512)]; empty text -> []."""
+    runs = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        model, _, batch = item.partition(":")
+        if not batch.isdigit() or int(batch) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected MODEL:BATCH, e.g. rm1:64")
+        runs.append((model, int(batch)))
+    return runs
 
 
 def cmd_fp32(args) -> int:
@@ -299,6 +338,14 @@ def main(argv=None) -> int:
                    help="batch size of the rm1 engine run whose simulation speed is reported (0: skip it)")
     b.add_argument("--engine-rows-cap", type=positive_int, default=65536,
                    help="rows cap of the rm1 engine run")
+    b.add_argument("--engines", type=_model_batches, default="rm1:64,rm2:64,rm3:64,rm4:64,rm1:512,rm2:512,rm3:512,"
+                   "rm4:512", metavar="MODEL:B,...",
+                   help="engine-efficiency runs (keys engine_MODEL_bB_*; '' skips them)")
+    b.add_argument("--row-cache-off", type=_model_batches, default="rm1:64,rm4:512", metavar="MODEL:B,...",
+                   help="the same runs on a device without the LOOKUP row cache (keys row_cache_off_MODEL_bB_*; "
+                        "another Verilator build; '' skips them)")
+    b.add_argument("--engines-rows-cap", type=positive_int, default=4096,
+                   help="rows cap of the engine-efficiency runs")
     b.set_defaults(func=cmd_bench)
 
     f = sub.add_parser("fp32", help="bit-exact campaign of the FP32 units (FMA, add, mul, div)")

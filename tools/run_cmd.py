@@ -2,6 +2,7 @@
 
   trainingcxl run --model M --config cxl-d --phase embedding --batches N --json FILE
                   [--seed S] [--rows-cap R] [--batch-size B] [--out host|device] [--fp32-pipeline compact|deep]
+                  [--lookup-cache-lines N]
   trainingcxl run --model M --trace FILE [--batches N] ...
 
 With ``--trace`` the tables, rows, batch size and batches come from the file (generated or
@@ -22,6 +23,8 @@ JSON keys (the contract): ``verified`` (every check passed), ``model``, ``config
 trace ran: ``{"kind": "preset", "preset", "seed", "knobs"}`` or ``{"kind": "file", "file",
 "sha256", "origin", ...}``, tools/trace_source.py), ``lookups`` (index
 occurrences), ``lines_read`` (media lines the LOOKUPs read, from their completions),
+``lookup_row_lines`` / ``lookup_cache_hits`` / ``lookup_cache_hit_rate`` (row lines asked for,
+served by the row cache, and their ratio; null rate when the device has no row cache),
 ``cycles_lookup`` / ``cycles_update`` (sum of the completions' cycle counts: descriptor
 fetch to durable completion), ``bound_cycles_lookup`` / ``bound_cycles_update``,
 ``lookup_efficiency`` / ``update_efficiency`` (bound / cycles: media utilisation),
@@ -62,7 +65,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.cli_args import CliError, positive_int, seed_int  # noqa: E402
+from tools.cli_args import CliError, non_negative_int, positive_int, seed_int  # noqa: E402
 
 
 CONFIGS = ("cxl-d",)             # the other configurations: trainingcxl eval
@@ -162,6 +165,9 @@ def run_embedding(args) -> dict:
     cfg, layout = choose_device(trace, args.out, "--trace" if args.trace else "--model")
     if args.fp32_pipeline != cfg.fp32_pipeline:
         cfg = dataclasses.replace(cfg, fp32_pipeline=args.fp32_pipeline)
+    cache_lines = getattr(args, "lookup_cache_lines", None)
+    if cache_lines is not None and cache_lines != cfg.lookup_cache_lines:
+        cfg = dataclasses.replace(cfg, lookup_cache_lines=cache_lines)
     s = summarize(trace)
     origin = f"file {source['file']} ({source['origin']}, sha256 {source['sha256'][:16]}...)" \
         if source["kind"] == "file" else f"preset {args.model}, seed {args.seed}"
@@ -188,7 +194,8 @@ def run_embedding(args) -> dict:
     return result
 
 
-SUMMARY_KEYS = ("verified", "model", "seed", "lookups", "lines_read", "cycles_lookup", "bound_cycles_lookup",
+SUMMARY_KEYS = ("verified", "model", "seed", "lookups", "lines_read", "lookup_cache_hit_rate", "cycles_lookup",
+                "bound_cycles_lookup",
                 "lookup_efficiency", "lookup_physical_efficiency", "cycles_update", "bound_cycles_update",
                 "update_efficiency", "update_physical_efficiency",
                 "sim_cycles_per_second", "bound_source", "wall_seconds", "error")
@@ -258,5 +265,9 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--fp32-pipeline", choices=tuple(Fp32Fma.LATENCIES), default="compact",
                    help="the engines' FP32 pipelines (hw/config.py fp32_pipeline): compact = FMA 5 cycles, "
                         "deep = 12 cycles at <= 6 LUT levels (same results)")
+    p.add_argument("--lookup-cache-lines", type=non_negative_int, default=None, metavar="N",
+                   help="each lookup unit's row cache in 64-byte lines (hw/config.py lookup_cache_lines; "
+                        "0 = none, the paper's design; default: the device's, 1024; another value is another "
+                        "Verilator build)")
     p.set_defaults(func=cmd_run)
     return p

@@ -138,13 +138,15 @@ class TableDescriptor(data.Struct):
 class EngineStats(data.Struct):
     """Per-command counters an engine reports (valid when it signals ``done``)."""
     lookups: 32                  # index occurrences processed
-    rows_read: 32                # table rows read from media
+    rows_read: 32                # table rows read (LOOKUP: every occurrence, media or row cache)
     rows_written: 32             # table rows written to media
     unique_rows: 32              # LOG: distinct (table, row) pairs in the batch (its entries,
                                  # exact); RECOVER: entries checked; LOOKUP, UPDATE: 0
     lines_read: 32               # all media lines read (rows, arrays, gradients)
     lines_written: 32            # all media lines written (rows, device-memory outputs)
     lines_pushed: 32             # lines pushed over CXL.cache
+    cache_hits: 32               # LOOKUP: row lines served by the row cache (not in lines_read);
+                                 # others 0
 
 
 class Completion(data.Struct):

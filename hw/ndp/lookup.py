@@ -19,6 +19,14 @@ order; each pooled vector has its own address. ``done`` comes after the feeder i
 every unit is idle (all outputs durable in device memory or acknowledged by the host), so
 the host may read them at once.
 
+Row cache (``cache_lines`` > 0): each unit's port goes through a LineCache
+(hw/mem/line_cache.py) of ``cache_lines`` 64-byte lines, direct mapped, flushed at every
+command's ``start``. Rows that repeat within a batch (Zipf-hot rows) are then read from the
+media once per unit and cache entry instead of once per occurrence. Results are unchanged: a
+read returns what the memory would (the tables do not change during a LOOKUP, and the unit's
+own output writes invalidate their lines). ``stats.lines_read`` counts the lines that reach
+the memory subsystem, ``stats.cache_hits`` the row lines served on chip.
+
 Errors: the feeder's (OFFSETS, ADDRESS, INDEX_RANGE, BAD_DESCRIPTOR) win, then MEDIA (a
 read answered with error or poison), then CACHE (a push answered with an error). LOOKUP
 writes no table, so a failed command leaves the tables untouched; vectors of bags before
@@ -31,6 +39,7 @@ from amaranth.lib.wiring import In, Out
 from ..common.stream_util import RoundRobinArbiter
 from ..cxl_controller.cache_port import cache_port_signature, CacheReq
 from ..mem.arbiter import client_port_signature
+from ..mem.line_cache import LineCache
 from .command import engine_control_signature, NdpError
 from .lookup_feeder import LookupFeeder
 from .lookup_unit import LookupUnit
@@ -38,8 +47,9 @@ from .lookup_unit import LookupUnit
 
 class LookupEngine(wiring.Component):
     def __init__(self, *, addr_bits: int, capacity_lines: int, units: int = 4, item_depth: int = 128,
-                 rob_depth: int = 128, id_base: int = 0, fp32_pipeline: str = "compact"):
+                 rob_depth: int = 128, id_base: int = 0, fp32_pipeline: str = "compact", cache_lines: int = 0):
         self.units = units
+        self.cache_lines = cache_lines
         self.id_base = id_base
         self.item_depth = item_depth
         self._feeder = LookupFeeder(addr_bits=addr_bits, capacity_lines=capacity_lines, units=2 * units)
@@ -47,6 +57,8 @@ class LookupEngine(wiring.Component):
                                   rob_depth=rob_depth, fp32_pipeline=fp32_pipeline) for u in range(units)]
         self.feed_ctx_bits = self._feeder.ctx_bits
         self.unit_ctx_bits = self._units[0].ctx_bits
+        self._caches = [LineCache(addr_bits=addr_bits, ctx_bits=self.unit_ctx_bits, lines=cache_lines)
+                        for _ in range(units)] if cache_lines else []
         super().__init__({
             "ctl": In(engine_control_signature()),
             "feed_mem": Out(client_port_signature(addr_bits, self.feed_ctx_bits)),
@@ -88,7 +100,13 @@ class LookupEngine(wiring.Component):
                     m.d.comb += items_ready.eq(q.w_rdy)
                 queues_empty.append(q.level == 0)
             m.d.comb += [unit.out_to_host.eq(ctl.cmd.flags.out_to_host), unit.clear.eq(ctl.start)]
-            wiring.connect(m, unit.mem, wiring.flipped(self.unit_mem[u]))
+            if self._caches:             # the row cache: forgotten at every command (tables may have changed)
+                m.submodules[f"cache{u}"] = cache = self._caches[u]
+                wiring.connect(m, unit.mem, cache.client)
+                wiring.connect(m, cache.mem, wiring.flipped(self.unit_mem[u]))
+                m.d.comb += cache.flush.eq(ctl.start)
+            else:
+                wiring.connect(m, unit.mem, wiring.flipped(self.unit_mem[u]))
             wiring.connect(m, unit.push.req, push_arb.inputs[u])
             m.d.comb += [unit.push.rsp.valid.eq(prsp.valid & (prsp.payload.id == self.id_base + u)),
                          unit.push.rsp.payload.eq(prsp.payload)]
@@ -102,10 +120,12 @@ class LookupEngine(wiring.Component):
         ports = [self.feed_mem] + list(self.unit_mem)
         reads = sum((p.req.valid & p.req.ready & ~p.req.payload.write) for p in ports)
         writes = sum((p.req.valid & p.req.ready & p.req.payload.write) for p in self.unit_mem)
+        hits = sum(c.hit for c in self._caches) if self._caches else 0
         with m.If(ctl.start):
-            m.d.sync += [stats.lines_read.eq(0), stats.lines_written.eq(0), stats.lines_pushed.eq(0)]
+            m.d.sync += [stats.lines_read.eq(0), stats.lines_written.eq(0), stats.lines_pushed.eq(0),
+                         stats.cache_hits.eq(0)]
         with m.Else():
-            m.d.sync += [stats.lines_read.eq(stats.lines_read + reads),
+            m.d.sync += [stats.lines_read.eq(stats.lines_read + reads), stats.cache_hits.eq(stats.cache_hits + hits),
                          stats.lines_written.eq(stats.lines_written + writes),
                          stats.lines_pushed.eq(stats.lines_pushed + (self.push.req.valid & self.push.req.ready))]
         m.d.comb += [stats.lookups.eq(feeder.lookups), stats.rows_read.eq(feeder.lookups),

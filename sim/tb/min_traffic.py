@@ -10,7 +10,8 @@
   (hw/mem/port.py ``split_line_address``), over the same cycles:
 
   - LOOKUP: the offsets, indices (and weights) once, and every occurrence's row lines (the
-    device has no on-chip row cache, so every occurrence is a media read); writes: the pooled
+    floor of a device without a row cache, where every occurrence is a media read; with the
+    LOOKUP row cache on, the physical efficiency can exceed 1); writes: the pooled
     outputs when they stay in device memory. When they are pushed to the host the D2H data
     channel's one line per cycle is a floor, as in the media bound.
   - UPDATE: the offsets, indices (and weights) once, the gradients of the non-empty bags,
@@ -66,6 +67,10 @@ class MinimumTraffic:
         L = self.layout
         lpr = L.tables[t].lines_per_row
         return lines_per_channel(L.table_regions[t].base + rows * lpr, np.full(rows.size, lpr), self.channels)
+
+    def row_lines(self, offsets) -> int:
+        """Row lines of all the batch's occurrences (what LOOKUP asks its ports for)."""
+        return sum(int(hi - lo) * self.layout.tables[t].lines_per_row for t, _, (lo, hi) in self._bags(offsets))
 
     def lookup(self, offsets, indices) -> list[tuple[int, int]]:
         idx = np.asarray(indices, dtype=np.int64)

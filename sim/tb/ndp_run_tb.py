@@ -89,11 +89,16 @@ def even_spread(lines_read: int, lines_written: int, channels: int) -> list[tupl
 
 EFFICIENCY_BOUNDS = {
     "lookup_efficiency, update_efficiency": "media utilisation: the busiest channel's media lines the command "
-                                            "moved (its counters), in cycles, over the command's cycles",
+                                            "moved (its counters), in cycles, over the command's cycles; with the "
+                                            "LOOKUP row cache on, only the lines that reached the media (cache hits "
+                                            "are not in it)",
     "lookup_physical_efficiency, update_physical_efficiency":
         "physical: the least traffic the command needs (sim/tb/min_traffic.py) on the busiest channel, over the "
-        "command's cycles; LOOKUP: arguments once and every occurrence's row (no on-chip row cache); UPDATE: "
-        "arguments once, the non-empty bags' gradients, each distinct row read and written once",
+        "command's cycles; LOOKUP: arguments once and every occurrence's row (the floor of a device without a "
+        "row cache: above 1 when the row cache serves enough hits); UPDATE: arguments once, the non-empty bags' "
+        "gradients, each distinct row read and written once",
+    "lookup_cache_hit_rate": "row lines the LOOKUP row cache served (lookup_stats.cache_hits) over all "
+                             "occurrences' row lines (lookup_row_lines); null without the cache",
 }
 
 
@@ -127,6 +132,7 @@ class EmbeddingRun:
         self.costs = media_costs(env.config.clock_mhz)
         self.host_out_line = host_output_base(env) if out == "host" else None
         self.minimum = MinimumTraffic(layout, env.config.channels, self.has_weights, out)
+        self.row_cache = env.config.lookup_cache_lines > 0
         self.batches: list[dict] = []
         self._tag = 0
 
@@ -206,8 +212,12 @@ class EmbeddingRun:
         phys_l = max(media_bound_cycles(self.minimum.lookup(batch.offsets, batch.indices), *self.costs),
                      lookup.stats["lines_pushed"])
         phys_u = media_bound_cycles(self.minimum.update(batch.offsets, batch.indices), *self.costs)
+        row_lines = self.minimum.row_lines(batch.offsets)
+        hits = lookup.stats["cache_hits"]
         figures = {
             "batch": k, "lookups": n, "unique_rows": unique,
+            "lookup_row_lines": row_lines, "lookup_cache_hits": hits,
+            "lookup_cache_hit_rate": round(hits / row_lines, 4) if row_lines and self.row_cache else None,
             "cycles_lookup": lookup.cycles, "cycles_update": update.cycles,
             "durable_cycles_lookup": lookup.total_cycles, "durable_cycles_update": update.total_cycles,
             "bound_cycles_lookup": round(bound_l, 1), "bound_cycles_update": round(bound_u, 1),
@@ -277,9 +287,12 @@ class EmbeddingRun:
         bound_l, bound_u = total("bound_cycles_lookup"), total("bound_cycles_update")
         phys_l, phys_u = total("physical_bound_cycles_lookup"), total("physical_bound_cycles_update")
         keys = bs[0]["lookup_stats"].keys() if bs else ()
+        row_lines, hits = total("lookup_row_lines"), total("lookup_cache_hits")
         return {
             "lookups": total("lookups"),
             "lines_read": stat("lookup", "lines_read"),
+            "lookup_row_lines": row_lines, "lookup_cache_hits": hits,
+            "lookup_cache_hit_rate": round(hits / row_lines, 4) if row_lines and self.row_cache else None,
             "cycles_lookup": cycles_l, "cycles_update": cycles_u,
             "bound_cycles_lookup": round(bound_l, 1), "bound_cycles_update": round(bound_u, 1),
             "lookup_efficiency": round(bound_l / cycles_l, 4) if cycles_l else None,
