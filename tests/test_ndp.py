@@ -388,4 +388,5 @@ def test_run_command_end_to_end(harness, tmp_path, capsys):
     assert 0 < result["update_physical_efficiency"] <= result["update_efficiency"]
     assert set(result["efficiency_bounds"]) == {"lookup_efficiency, update_efficiency",
                                                 "lookup_physical_efficiency, update_physical_efficiency",
-                                                "lookup_cache_hit_rate"}
+                                                "lookup_cache_hit_rate", "lookup_feeder_efficiency"}
+    assert 0 < result["lookup_feeder_efficiency"] <= 1.0

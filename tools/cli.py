@@ -239,6 +239,7 @@ def _engine_run(seed: int, args) -> dict | None:
 
 
 ENGINE_FIGURES = ("cycles_lookup", "lookup_efficiency", "lookup_physical_efficiency", "lookup_cache_hit_rate",
+                  "lookup_feeder_efficiency",
                   "cycles_update", "update_efficiency", "update_physical_efficiency", "verified")
 
 

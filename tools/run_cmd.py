@@ -25,6 +25,8 @@ trace ran: ``{"kind": "preset", "preset", "seed", "knobs"}`` or ``{"kind": "file
 occurrences), ``lines_read`` (media lines the LOOKUPs read, from their completions),
 ``lookup_row_lines`` / ``lookup_cache_hits`` / ``lookup_cache_hit_rate`` (row lines asked for,
 served by the row cache, and their ratio; null rate when the device has no row cache),
+``feeder_bound_cycles_lookup`` / ``lookup_feeder_efficiency`` (the lookup feeder's one work item
+per cycle: occurrences plus empty bags, over the cycles),
 ``cycles_lookup`` / ``cycles_update`` (sum of the completions' cycle counts: descriptor
 fetch to durable completion), ``bound_cycles_lookup`` / ``bound_cycles_update``,
 ``lookup_efficiency`` / ``update_efficiency`` (bound / cycles: media utilisation),
@@ -195,7 +197,7 @@ def run_embedding(args) -> dict:
 
 
 SUMMARY_KEYS = ("verified", "model", "seed", "lookups", "lines_read", "lookup_cache_hit_rate", "cycles_lookup",
-                "bound_cycles_lookup",
+                "bound_cycles_lookup", "lookup_feeder_efficiency",
                 "lookup_efficiency", "lookup_physical_efficiency", "cycles_update", "bound_cycles_update",
                 "update_efficiency", "update_physical_efficiency",
                 "sim_cycles_per_second", "bound_source", "wall_seconds", "error")

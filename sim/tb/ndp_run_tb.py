@@ -99,6 +99,8 @@ EFFICIENCY_BOUNDS = {
         "gradients, each distinct row read and written once",
     "lookup_cache_hit_rate": "row lines the LOOKUP row cache served (lookup_stats.cache_hits) over all "
                              "occurrences' row lines (lookup_row_lines); null without the cache",
+    "lookup_feeder_efficiency": "the lookup feeder's floor: one work item per cycle (an index occurrence or an "
+                                "empty bag, hw/ndp/lookup_feeder.py), over the command's cycles",
 }
 
 
@@ -213,11 +215,14 @@ class EmbeddingRun:
                      lookup.stats["lines_pushed"])
         phys_u = media_bound_cycles(self.minimum.update(batch.offsets, batch.indices), *self.costs)
         row_lines = self.minimum.row_lines(batch.offsets)
+        items = n + int(np.count_nonzero(np.diff(batch.offsets.astype(np.int64)) == 0))
         hits = lookup.stats["cache_hits"]
         figures = {
             "batch": k, "lookups": n, "unique_rows": unique,
             "lookup_row_lines": row_lines, "lookup_cache_hits": hits,
             "lookup_cache_hit_rate": round(hits / row_lines, 4) if row_lines and self.row_cache else None,
+            "feeder_bound_cycles_lookup": items,
+            "lookup_feeder_efficiency": round(items / lookup.cycles, 4) if lookup.cycles else None,
             "cycles_lookup": lookup.cycles, "cycles_update": update.cycles,
             "durable_cycles_lookup": lookup.total_cycles, "durable_cycles_update": update.total_cycles,
             "bound_cycles_lookup": round(bound_l, 1), "bound_cycles_update": round(bound_u, 1),
@@ -288,11 +293,14 @@ class EmbeddingRun:
         phys_l, phys_u = total("physical_bound_cycles_lookup"), total("physical_bound_cycles_update")
         keys = bs[0]["lookup_stats"].keys() if bs else ()
         row_lines, hits = total("lookup_row_lines"), total("lookup_cache_hits")
+        items = total("feeder_bound_cycles_lookup")
         return {
             "lookups": total("lookups"),
             "lines_read": stat("lookup", "lines_read"),
             "lookup_row_lines": row_lines, "lookup_cache_hits": hits,
             "lookup_cache_hit_rate": round(hits / row_lines, 4) if row_lines and self.row_cache else None,
+            "feeder_bound_cycles_lookup": items,
+            "lookup_feeder_efficiency": round(items / cycles_l, 4) if cycles_l else None,
             "cycles_lookup": cycles_l, "cycles_update": cycles_u,
             "bound_cycles_lookup": round(bound_l, 1), "bound_cycles_update": round(bound_u, 1),
             "lookup_efficiency": round(bound_l / cycles_l, 4) if cycles_l else None,
