@@ -144,11 +144,6 @@ def cmd_stress(args) -> int:
     return 0 if ok else 1
 
 
-# checkpoint_overhead_* runs: model -> (batch size, rows cap), the largest that fit the
-# 16 MiB simulated device of the time with both logs (see sim/tb/overhead_tb.py).
-OVERHEAD_RUNS = {"rm1": (64, 2048), "rm4": (512, 4096)}
-
-
 def cmd_bench(args) -> int:
     seed = _seed(args)
     t0 = time.perf_counter()
@@ -158,11 +153,13 @@ def cmd_bench(args) -> int:
         "TCXL_SEED": str(seed), "TCXL_TRANSACTIONS": str(args.transactions)})
     push = _run_harness_test("push_stream_bandwidth", {
         "TCXL_SEED": str(seed), "TCXL_BENCH_LINES": str(args.lines)}, "sim.tb.cxl_cache_tb")
-    overhead = {}
-    for model, (batch_size, rows_cap) in OVERHEAD_RUNS.items():
-        overhead[model] = _run_harness_test("checkpoint_overhead", {
+    overhead = {}   # "{model}_b{B}" -> sim/tb/overhead_tb.py's result
+    for model, batch_size in args.overhead_runs:
+        print(f"bench: checkpoint overhead {model} batch {batch_size} rows cap {args.overhead_rows_cap}",
+              file=sys.stderr, flush=True)
+        overhead[f"{model}_b{batch_size}"] = _run_harness_test("checkpoint_overhead", {
             "TCXL_SEED": str(seed), "TCXL_OVH_MODEL": model, "TCXL_OVH_BATCH_SIZE": str(batch_size),
-            "TCXL_OVH_ROWS_CAP": str(rows_cap), "TCXL_OVH_BATCHES": str(args.overhead_batches),
+            "TCXL_OVH_ROWS_CAP": str(args.overhead_rows_cap), "TCXL_OVH_BATCHES": str(args.overhead_batches),
             "TCXL_OVH_MLP_PROBE": "4096"}, "sim.tb.overhead_tb")
     engine = _engine_run(seed, args)
     # Issue 15: every model's engine efficiencies, and the row cache's effect (same runs without it).
@@ -194,12 +191,10 @@ def cmd_bench(args) -> int:
         "stress_mismatches": stress["mismatches"],
         "stress_protocol_violations": stress["protocol_violations"],
         "cache_push_efficiency": push["cache_push_efficiency"],
-        **{f"checkpoint_overhead_{sched}_{model}": r.get(f"overhead_{sched.replace('-', '_')}")
-           for model, r in overhead.items() for sched in ("cxl_b", "cxl_d")},
-        **{f"checkpoint_overhead_cxl_b_emb_only_{model}": r.get("overhead_cxl_b_emb_only")
-           for model, r in overhead.items()},
-        "checkpoint_overhead_runs": {model: {k: v for k, v in r.items() if k != "batches"}
-                                     for model, r in overhead.items()},
+        **{f"checkpoint_overhead_{sched}_{run}": r.get(f"overhead_{sched}")
+           for run, r in overhead.items() for sched in ("cxl_b", "cxl_d", "cxl_b_emb_only")},
+        "checkpoint_overhead_runs": {run: {k: v for k, v in r.items() if k != "batches"}
+                                     for run, r in overhead.items()},
         "clock_mhz": cfg.clock_mhz,
         "seed": seed,
         "bench_wall_seconds": round(time.perf_counter() - t0, 1),
@@ -335,6 +330,12 @@ def main(argv=None) -> int:
     b.add_argument("--seed", type=seed_int)
     b.add_argument("--overhead-batches", type=positive_int, default=1,
                    help="measured batches per checkpoint-overhead run (after one warm-up batch)")
+    b.add_argument("--overhead-runs", type=_model_batches, default="rm1:64,rm1:512,rm4:64,rm4:512",
+                   metavar="MODEL:B,...",
+                   help="checkpoint-overhead runs (keys checkpoint_overhead_{cxl_b,cxl_d,cxl_b_emb_only}_MODEL_bB; "
+                        "'' skips them)")
+    b.add_argument("--overhead-rows-cap", type=positive_int, default=4096,
+                   help="rows cap of the checkpoint-overhead runs")
     b.add_argument("--engine-batch-size", type=non_negative_int, default=512,
                    help="batch size of the rm1 engine run whose simulation speed is reported (0: skip it)")
     b.add_argument("--engine-rows-cap", type=positive_int, default=65536,
