@@ -10,8 +10,10 @@ lines behind the cache's back. Every read response is checked bit for bit:
   before the read was accepted and the read's response (the flush contract);
 - lines the memory answers with poison or error: the flags, every time (never cached).
 Hits must actually happen (the cache works) and every read is answered once. Directed cases:
-a write between a miss and its response, and a generation wrap (256 flushes) that must not
-revive a line cached 256 flushes ago (the sweep).
+a write between a miss and its response, a foreign write and a flush between a miss and its
+response, a generation wrap (256 flushes) that must not revive a line cached 256 flushes ago
+(the sweep), parked reads of a hot line (and of a poisoned one), and two hot lines sharing an
+entry (the clean-install rule; a parked read waits for one miss at most).
 """
 import os
 import random
@@ -34,16 +36,18 @@ def _seed() -> int:
 
 
 def _run(seed: int, *, cycles: int, lines: int, addrs: int, written: int, p_write: float, p_flush: float,
-         p_backdoor: float, poison=(), rd_error=(), lat=(2, 30), rsp_ready_p: float = 0.85, script=None):
+         p_backdoor: float, poison=(), rd_error=(), lat=(2, 30), rsp_ready_p: float = 0.85, mem_ready_p=0.8,
+         script=None):
     """Random traffic (or a ``script`` of requests); returns the figures for the asserts."""
     prng = random.Random(seed)
     dut = LineCache(addr_bits=ADDR_BITS, ctx_bits=CTX_BITS, lines=lines)
     mem = {a: prng.getrandbits(512) for a in range(addrs)}
-    model = MemModel(dut.mem, mem, prng, capacity=1 << ADDR_BITS, ready_p=0.8, lat=lat,
+    model = MemModel(dut.mem, mem, prng, capacity=1 << ADDR_BITS, ready_p=mem_ready_p, lat=lat,
                      poison=poison, rd_error=rd_error)
     latest = {a: {mem[a]} for a in range(addrs)}      # values a read may return now
-    out = {"reads": 0, "hits": 0, "misses": 0, "writes": 0, "wr_rsp": 0, "answered": 0, "checked": 0}
-    reads = {}                                          # ctx -> (addr, allowed values)
+    out = {"reads": 0, "hits": 0, "misses": 0, "writes": 0, "wr_rsp": 0, "answered": 0, "checked": 0,
+           "max_latency": 0}
+    reads = {}                                          # ctx -> (addr, allowed values, cycle accepted)
     free = list(range(1 << CTX_BITS))
     script = list(script) if script is not None else None
 
@@ -99,9 +103,10 @@ def _run(seed: int, *, cycles: int, lines: int, addrs: int, written: int, p_writ
             if ctx.get(rsp.valid) and ctx.get(rsp.ready):
                 rctx = ctx.get(rsp.payload.ctx)
                 assert rctx in reads, f"cycle {cycle}: a read response for ctx {rctx}, which has no read"
-                a, allowed = reads.pop(rctx)
+                a, allowed, accepted = reads.pop(rctx)
                 free.append(rctx)
                 out["answered"] += 1
+                out["max_latency"] = max(out["max_latency"], cycle - accepted)
                 poisoned, error = ctx.get(rsp.payload.poison), ctx.get(rsp.payload.error)
                 assert poisoned == (a in poison) and error == (a in rd_error), \
                     f"seed {seed} cycle {cycle}: line {a}: poison {poisoned} error {error}"
@@ -120,7 +125,7 @@ def _run(seed: int, *, cycles: int, lines: int, addrs: int, written: int, p_writ
                     latest[a] = {d}
                     out["writes"] += 1
                 else:
-                    reads[rctx] = (a, latest[a])     # grows with foreign writes until a flush
+                    reads[rctx] = (a, latest[a], cycle)     # grows with foreign writes until a flush
                     out["reads"] += 1
                 req = None
             model.sample(ctx, cycle)
@@ -174,6 +179,20 @@ def test_write_overtakes_a_miss():
         assert out["checked"] == out["reads"] == 12, out
 
 
+def test_flush_during_a_miss():
+    """Another agent writes a line after the memory read it for a miss, then a flush, then the
+    response: it must not be installed (the flush ends the miss's clean state and its owner's
+    generation), so the read after the flush sees the new value."""
+    seed = _seed()
+    for rep in range(10):
+        script = ([("nop",)] * 40 + [("r", 20)] + [("nop",)] * 6 + [("poke", 20), ("flush",), ("wait",)] +
+                  [("nop",)] * 4 + [("r", 20), ("wait",), ("r", 20)])
+        out = _run(seed + rep, cycles=2000, lines=32, addrs=32, written=16, p_write=0, p_flush=0, p_backdoor=0,
+                   lat=(30, 40), script=script)
+        _drained(out)
+        assert out["checked"] == out["reads"] == 3, out
+
+
 def test_generation_wrap_sweeps():
     """A line cached, changed by another agent, then 256 flushes (the generation is back where it
     was): the next read must see the new value (the wrap sweeps every entry)."""
@@ -210,3 +229,20 @@ def test_parked_reads_of_a_poisoned_line():
                lat=(40, 60), poison=(3,), script=[("nop",)] * 20 + [("r", 3)] * 10 + [("r", 4)] * 4)
     assert out["outstanding"] == 0 and out["answered"] == out["reads"] == 14, out
     assert out["mem_reads"] >= 2 and out["checked"] == 4, out
+
+
+def test_hot_lines_sharing_an_entry():
+    """Two hot lines in one entry (9 and 25 of a 16-entry cache), read in turn: each miss takes the
+    entry from the other line's miss in flight, and the clean rule still installs both responses,
+    so reads hit; a parked read waits for one miss at most (it never parks again, and a reuse of
+    its owner's ctx for another miss does not hold it back): every read is answered within two
+    memory latencies plus a few cycles."""
+    seed = _seed()
+    lat = 40
+    out = _run(seed, cycles=3000, lines=16, addrs=32, written=32, p_write=0, p_flush=0, p_backdoor=0,
+               lat=(lat, lat), rsp_ready_p=1.0, mem_ready_p=1.0,
+               script=[("nop",)] * 20 + [("r", 9), ("r", 25), ("r", 9), ("r", 9), ("r", 25), ("r", 3)] * 20)
+    _drained(out)
+    assert out["checked"] == out["reads"] == 120, out
+    assert out["hits"] >= 80, out
+    assert out["max_latency"] <= 2 * lat + 12, out

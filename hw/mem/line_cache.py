@@ -20,21 +20,25 @@ the port flushes whenever other agents may have written (the lookup engine at ev
 command; nothing writes the tables while one runs).
 
 Ownership. Each entry's owner record names the ``ctx`` and line of the last miss to it (a write
-clears it); a miss's line is kept in a table indexed by its ``ctx``. A response installs only
-while the owner record still names its ``ctx``: a response of a read that a write (or a later
-miss) to the entry has followed never installs. Assumes the client has at most one read per
-``ctx`` outstanding (it reuses a ``ctx`` only after its response arrived), as the lookup unit
-does (``ctx`` = reorder slot).
+clears it); a miss's line is kept in a table indexed by its ``ctx``. A response installs while
+the owner record still names its ``ctx``, or while its miss is clean: no write has been sent
+and no flush taken since the miss was sent (one bit per ``ctx``), so the response is the line's
+current value even though a later miss to another line took the entry over. A response of a
+read that a write has followed never installs. (Without the clean rule, two hot lines sharing
+an entry take it from each other at every miss and neither installs.) Assumes the client has at
+most one read per ``ctx`` outstanding (it reuses a ``ctx`` only after its response arrived), as
+the lookup unit does (``ctx`` = reorder slot).
 
 Parking (``park_depth`` > 0). A read of a line whose miss is still in flight (the owner record
 names the line, its miss not answered yet) does not go to memory again: it waits in a FIFO of
-``park_depth`` reads and is replayed through the tag stage, oldest first, ahead of the client's
-requests once the miss it waits for has been answered, else when the client offers nothing, the
-FIFO is full or a write waits; a replay hits once the line is installed, parks again while the
-miss is in flight, and otherwise goes to memory. A hot line is then read from
-the memory once, not once per read issued during the miss's latency. A write is taken only
-when no read is parked (and a replay offered while a write waits does not park again): reads
-before a write in the client's order reach the memory before it.
+``park_depth`` reads (with the owner's ``ctx`` and a one-bit epoch of that ``ctx``'s misses, so
+a reuse of the ``ctx`` for another miss is not mistaken for the one awaited) and is replayed
+through the tag stage, oldest first, ahead of the client's requests, once the miss it waits for
+has been answered or a write waits. A replay never parks again: it hits once the line is
+installed, else goes to memory, so a parked read waits for one miss at most. A hot line is then
+read from the memory once, not once per read issued during the miss's latency. A write is
+taken only when no read is parked: reads before a write in the client's order reach the memory
+before it.
 
 Flush and reset. Tag and owner records carry a generation (GEN_BITS); a flush increments it, so
 older records stop matching at once. When the generation wraps, and after a reset (on-chip
@@ -54,10 +58,11 @@ install that loses is dropped) and one synchronous read each: block RAM. Owners 
 (ctx_bits + tag + 1 + GEN_BITS), two replicas written together (sweep, then the tag stage), one
 synchronous read each (the tag stage, the install path): block RAM. Miss lines 2**ctx_bits x
 addr_bits: one write, one asynchronous read: LUT RAM. The park FIFO: ``park_depth`` x (2 *
-ctx_bits + addr_bits) LUT RAM. Same-cycle hazards are explicit: a tag read that a same-cycle tag write
+ctx_bits + addr_bits + 1) LUT RAM. Per ``ctx`` (flip-flops, 2**ctx_bits each): outstanding, epoch
+and clean bits. Same-cycle hazards are explicit: a tag read that a same-cycle tag write
 made stale is not trusted (the request does not hit), an owner record written in the tag read's
-cycle is taken from the write (bypass register), and an install whose owner read raced an owner
-write is dropped; no transparent ports.
+cycle is taken from the write (bypass register), and an owned install whose owner read raced an
+owner write is dropped; no transparent ports.
 """
 from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, memory, wiring
@@ -129,17 +134,23 @@ class LineCache(wiring.Component):
         creq, mreq = self.client.req, self.mem.req
         PD = max(self.park_depth, 1)
         cb = self.ctx_bits
-        m.submodules.park = park = SyncFIFO(width=2 * cb + self.addr_bits, depth=PD)
-        park_ctx, park_owner, park_addr = park.r_data[:cb], park.r_data[cb:2 * cb], park.r_data[2 * cb:]
+        m.submodules.park = park = SyncFIFO(width=2 * cb + self.addr_bits + 1, depth=PD)
+        park_ctx, park_owner = park.r_data[:cb], park.r_data[cb:2 * cb]
+        park_addr, park_epoch = park.r_data[2 * cb:2 * cb + self.addr_bits], park.r_data[-1]
+        # One bit per ctx, flipped by each of its misses: a parked read keeps its owner's, so once
+        # the owner ctx has been reused for another miss, the one the read waited for is answered.
+        miss_epoch = Signal(1 << cb)
+        owner_answered = Signal()
         write_waiting = Signal()         # the client offers a write: parked reads go first
         replay = Signal()                # the tag stage takes the oldest parked read
         take = Signal()                  # the tag stage takes a request this cycle
         m.d.comb += [
             write_waiting.eq(creq.valid & creq.payload.write),
             # The oldest parked read goes first once the miss it waits for has been answered
-            # (it will hit), else when the client offers nothing, a write waits or the FIFO is full.
-            replay.eq(park.r_rdy & (~outstanding.bit_select(park_owner, 1) | ~creq.valid | write_waiting |
-                                    ~park.w_rdy)),
+            # (it will hit unless that response was not installed), or when a write waits.
+            owner_answered.eq(~outstanding.bit_select(park_owner, 1) |
+                              (miss_epoch.bit_select(park_owner, 1) != park_epoch)),
+            replay.eq(park.r_rdy & (owner_answered | write_waiting)),
         ]
 
         # ---- tag stage ------------------------------------------------------------------
@@ -149,6 +160,7 @@ class LineCache(wiring.Component):
         s1_first = Signal()              # its first cycle in the stage: the decision is taken
         s1_hit = Signal()                # the decision, held while the request waits
         s1_park = Signal()
+        s1_replayed = Signal()           # it comes from the park FIFO: it does not park again
         s1_index = s1.addr[:ib]
         hit_valid = Signal()             # the hit register (-> client.rd_rsp)
         hit_drain = Signal()
@@ -162,9 +174,10 @@ class LineCache(wiring.Component):
         m.d.comb += pq.eq(Mux(owner_byp, owner_byp_data, owner_tr.data))
         read_ok = ~s1.write & ~sweeping
         hit_now = read_ok & ~s1_stale & tq.valid & (tq.gen == gen) & (tq.tag == s1.addr[ib:])
-        # Its line's miss is in flight: wait for its install (unless a write waits behind it).
+        # Its line's miss is in flight: wait for its install (unless a write waits behind it, or it
+        # is a replay: it has waited once).
         park_now = (read_ok & ~hit_now & pq.valid & (pq.gen == gen) & (pq.tag == s1.addr[ib:]) &
-                    outstanding.bit_select(pq.ctx, 1) & park.w_rdy & ~write_waiting)
+                    outstanding.bit_select(pq.ctx, 1) & park.w_rdy & ~write_waiting & ~s1_replayed)
         if not self.park_depth:
             park_now = 0
         # Decided in the request's first cycle and held: mreq.valid must not fall while it waits.
@@ -178,7 +191,7 @@ class LineCache(wiring.Component):
             s1_go.eq(s1_valid & Mux(is_hit, ~hit_valid | hit_drain, is_park | mreq.ready)),
             take.eq(~s1_valid | s1_go),
             park.w_en.eq(s1_valid & is_park),
-            park.w_data.eq(Cat(s1.ctx, pq.ctx, s1.addr)),
+            park.w_data.eq(Cat(s1.ctx, pq.ctx, s1.addr, miss_epoch.bit_select(pq.ctx, 1))),
             park.r_en.eq(take & replay),
             # A write waits until every read parked before it has left (program order).
             creq.ready.eq(take & ~replay & (~creq.payload.write | ((park.level == 0) & ~park.w_en))),
@@ -197,6 +210,7 @@ class LineCache(wiring.Component):
             m.d.sync += [s1_first.eq(1),
                          s1_stale.eq(sweeping | (tag_w.en & (tag_w.addr == in_addr[:ib]))),
                          owner_byp.eq(owner_w.en & (owner_w.addr == in_addr[:ib])), owner_byp_data.eq(owner_w.data)]
+            m.d.sync += s1_replayed.eq(replay)
             with m.If(replay):
                 m.d.sync += [s1_valid.eq(1), s1.eq(0), s1.ctx.eq(park_ctx), s1.addr.eq(park_addr)]
             with m.Else():
@@ -256,11 +270,19 @@ class LineCache(wiring.Component):
             m.d.comb += sent_mask.eq(1 << s1.ctx)
         with m.If(f2_fired):
             m.d.comb += done_mask.eq(1 << f2_ctx)
-        m.d.sync += outstanding.eq((outstanding & ~done_mask) | sent_mask)
+        m.d.sync += [outstanding.eq((outstanding & ~done_mask) | sent_mask), miss_epoch.eq(miss_epoch ^ sent_mask)]
         oq = owner_r.data
         install = Signal()
-        m.d.comb += install.eq(f1_valid & ~f1_cancel & ~sweeping & ~write_go & oq.valid & (oq.gen == gen) &
-                               (oq.ctx == f1_ctx))
+        # A miss is clean while no write has been sent and no flush taken since it was sent: its
+        # response is the line's current value whoever owns the entry now (a later miss to another
+        # line took it over: installing then spares the reads parked on this one a second miss).
+        clean = Signal.like(outstanding)
+        with m.If(write_go | self.flush):
+            m.d.sync += clean.eq(0)
+        with m.Else():
+            m.d.sync += clean.eq(clean | sent_mask)
+        owned = ~f1_cancel & oq.valid & (oq.gen == gen) & (oq.ctx == f1_ctx)
+        m.d.comb += install.eq(f1_valid & ~sweeping & ~write_go & (owned | clean.bit_select(f1_ctx, 1)))
         m.d.comb += [data_w.addr.eq(f1_line[:ib]), data_w.data.eq(f1_data), data_w.en.eq(install)]
 
         # ---- tag and owner writes (one port each) ----------------------------------------
