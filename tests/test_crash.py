@@ -113,6 +113,21 @@ def test_overhead_composes_the_schedules():
     assert r["overhead_cxl_d"] == round(2110 / 1300 - 1, 4)
     r = compose(plain, ckpt, mlp_scale=40.0)          # 2000 cycles: no longer hidden
     assert r["batches"][0]["t_cxl_b"] == 100 + 2300 + 210
+    # LOG at its media floor: 1200 cycles would not hide behind the GPU's 1000 even at the floor.
+    r = compose(plain, [dict(ckpt[0], cycles_logging=1500)], mlp_scale=1.0, log_floor=[1200.0])
+    assert r["batches"][0]["t_cxl_b_emb_only_at_log_floor"] == 100 + 1200 + 210
+    assert r["overhead_cxl_b_emb_only"] == round((100 + 1500 + 210) / 1300 - 1, 4)
+    assert r["overhead_cxl_b_emb_only_at_log_floor"] == round(1510 / 1300 - 1, 4)
+    assert r["log_floor_efficiency"] == 0.8
+
+
+def test_log_floor_counts_the_log_format():
+    """Distinct rows' lines read once; lines + a header each, plus two records, written; even spread."""
+    from sim.tb.overhead_tb import log_floor_cycles
+    w = {"unique_rows": 10, "unique_lines": 20}          # dim-32 rows: 2 lines each
+    # 4 channels: reads 5 per channel, writes 32 -> 8 per channel; RD 2 and WR 10 cycles a line.
+    assert log_floor_cycles(w, 4, rd_cost_q8=2 * 256, wr_cost_q8=10 * 256) == 5 * 2 + 8 * 10
+    assert log_floor_cycles(w, 1, rd_cost_q8=256, wr_cost_q8=256) == 20 + 32
 
 
 @pytest.mark.sim

@@ -192,7 +192,9 @@ def cmd_bench(args) -> int:
         "stress_protocol_violations": stress["protocol_violations"],
         "cache_push_efficiency": push["cache_push_efficiency"],
         **{f"checkpoint_overhead_{sched}_{run}": r.get(f"overhead_{sched}")
-           for run, r in overhead.items() for sched in ("cxl_b", "cxl_d", "cxl_b_emb_only")},
+           for run, r in overhead.items()
+           for sched in ("cxl_b", "cxl_d", "cxl_b_emb_only", "cxl_b_emb_only_at_log_floor")},
+        **{f"checkpoint_log_floor_efficiency_{run}": r.get("log_floor_efficiency") for run, r in overhead.items()},
         "checkpoint_overhead_runs": {run: {k: v for k, v in r.items() if k != "batches"}
                                      for run, r in overhead.items()},
         "clock_mhz": cfg.clock_mhz,

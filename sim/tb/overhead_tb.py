@@ -17,6 +17,10 @@ first (batch 0 of each pass is a warm-up: the first LOG after reset also clears 
 log's dedup set; ``TCXL_OVH_BATCHES`` counts the measured ones). Composing the
 schedule from the measured commands is exact while the device does nothing else during the
 GPU's MLP time, which holds in both schedules (host polling and doorbells are left out).
+``log_floor`` is the least media time any LOG of this log format needs (``log_floor_cycles``),
+``log_floor_efficiency`` = sum(log_floor) / sum(log), and ``overhead_cxl_b_emb_only_at_log_floor``
+the embedding-log-only overhead with LOG at that floor: when it exceeds a target, no faster
+LOG engine (own ports, more overlap) meets it; only fewer lines written would.
 
 The model's MLP image (68 MB for rm1) does not fit the simulated device, so MLP_LOG copies
 its first ``TCXL_OVH_MLP_PROBE`` lines on the RTL and the whole image's copy time is that
@@ -36,15 +40,29 @@ from sim.env import DeviceEnv
 from sim.model.dlrm import get_preset
 from sim.model.trace import TraceKnobs, generate_trace
 from sim.tb.ckpt_run import CheckpointedRun
-from sim.tb.ndp_run_tb import recorded
+from sim.tb.eval_tb import batch_workload
+from sim.tb.ndp_run_tb import even_spread, media_bound_cycles, media_costs, recorded
 
 
-def compose(plain: list[dict], ckpt: list[dict], mlp_scale: float) -> dict:
-    """Batch times of the three schedules from the per-batch completion cycles of both passes."""
+def log_floor_cycles(workload: dict, channels: int, rd_cost_q8: int, wr_cost_q8: int) -> float:
+    """The least media time a LOG of this log format needs (sim/tb/eval_tb.py ``batch_workload``
+    counts): every distinct row's lines read once; its lines and a header line written, plus the
+    slot's two record writes; spread evenly over the channels (the index arrays' reads are left
+    out, so it is a lower bound)."""
+    reads = workload["unique_lines"]
+    writes = workload["unique_lines"] + workload["unique_rows"] + 2
+    return media_bound_cycles(even_spread(reads, writes, channels), rd_cost_q8, wr_cost_q8)
+
+
+def compose(plain: list[dict], ckpt: list[dict], mlp_scale: float, log_floor: list[float] | None = None) -> dict:
+    """Batch times of the three schedules from the per-batch completion cycles of both passes;
+    ``log_floor`` (per batch, ``log_floor_cycles``) adds the embedding-log-only schedule with LOG
+    at that floor: what no LOG of this log format can beat."""
     rows = []
-    for p, c in zip(plain, ckpt):
+    for i, (p, c) in enumerate(zip(plain, ckpt)):
         gpu = p["gpu_cycles"]
         log, mlp = c["cycles_logging"], c["cycles_mlp_log"] * mlp_scale
+        floor = log if log_floor is None else log_floor[i]
         rows.append({
             "batch": p["batch"], "gpu": gpu, "lookup": p["cycles_lookup"], "update_plain": p["cycles_update"],
             "log": log, "mlp_log_probe": c["cycles_mlp_log"], "mlp_log_full": round(mlp),
@@ -53,12 +71,18 @@ def compose(plain: list[dict], ckpt: list[dict], mlp_scale: float) -> dict:
             "t_cxl_d": c["cycles_lookup"] + gpu + log + mlp + c["cycles_update"],
             "t_cxl_b": c["cycles_lookup"] + max(gpu, log + mlp) + c["cycles_update"],
             "t_cxl_b_emb_only": c["cycles_lookup"] + max(gpu, log) + c["cycles_update"],
+            "log_floor": round(floor),
+            "t_cxl_b_emb_only_at_log_floor": c["cycles_lookup"] + max(gpu, floor) + c["cycles_update"],
         })
-    total = {k: sum(r[k] for r in rows) for k in ("t_none", "t_cxl_d", "t_cxl_b", "t_cxl_b_emb_only")}
+    total = {k: sum(r[k] for r in rows) for k in ("t_none", "t_cxl_d", "t_cxl_b", "t_cxl_b_emb_only",
+                                                  "t_cxl_b_emb_only_at_log_floor", "log", "log_floor")}
     return {"batches": rows,
             "overhead_cxl_b": round(total["t_cxl_b"] / total["t_none"] - 1, 4),
             "overhead_cxl_d": round(total["t_cxl_d"] / total["t_none"] - 1, 4),
             "overhead_cxl_b_emb_only": round(total["t_cxl_b_emb_only"] / total["t_none"] - 1, 4),
+            "overhead_cxl_b_emb_only_at_log_floor": round(total["t_cxl_b_emb_only_at_log_floor"] / total["t_none"] - 1,
+                                                          4),
+            "log_floor_efficiency": round(total["log_floor"] / total["log"], 4) if total["log"] else None,
             **{f"sum_{k}": round(v) for k, v in total.items()}}
 
 
@@ -89,7 +113,10 @@ async def checkpoint_overhead(dut):
         ckpt = [await run.run_batch(k) for k in range(batches + 1)]
         run.verify_all_tables("with checkpointing")
         dut._log.info(f"{model}: {batches} batches with checkpointing: {ckpt}")
-        result.update(compose(plain[1:], ckpt[1:], run.gpu.lines / run.mlp_lines))
+        costs = media_costs(env.config.clock_mhz)
+        floor = [log_floor_cycles(batch_workload(trace.manifest, trace.batches[k]), env.config.channels, *costs)
+                 for k in range(1, batches + 1)]
+        result.update(compose(plain[1:], ckpt[1:], run.gpu.lines / run.mlp_lines, floor))
         await run.finish_checked()
         result["verified"] = True
 
