@@ -93,9 +93,10 @@ Scratchpad (a write-back cache of rows)
   lookahead waits for the datapath.
 - Ordering: a victim's lines are read from the scratchpad and issued as writes before the new
   row's fill reads, in the same request stream (program order).
-- Memories (FPGA rules, hw/common/ram.py): the scratchpad is an ``LvtRam`` (fills and FMA
-  results write, the FMA operand and the write-backs read; the operand read bypasses a
-  same-cycle result); the tag store is one ``BypassRam`` per way. A tag invalidation (the
+- Memories (FPGA rules, hw/common/ram.py): the scratchpad is two ``LvtRam`` banks by line
+  parity, each written by fills and FMA results and read by an FMA operand port and the
+  write-backs (the operand read bypasses a same-cycle result); the gradient and contribution
+  rings have a replica each for the second FMA slot; the tag store is one ``BypassRam`` per way. A tag invalidation (the
   victim's entry, or a flush) is written one cycle after it is decided, through the way's only
   write port; no insert and no tag lookup happens in that cycle (the manager is in FILL or
   FL_CHK), so lookups never see the stale entry. The arrival bits of the scratchpad (1 x
@@ -111,16 +112,18 @@ Pipeline, latency and throughput (one request per cycle at most)
   per slot the CLOCK hand passes).
   Up to 128 occurrences wait in the occurrence queue with their fills in flight, which hides
   the media latency (about 100-130 reads in flight in the measurements below).
-- Datapath: 16 Fp32Fma lanes (one 64-byte line per cycle) shared by two operations: MUL
-  (c = g * scale into a 32-line contribution ring; WEIGHTED_SUM and MEAN only) and FMA
-  (row = fma(-lr, c, row)). The FMA front holds the two oldest queued occurrences; a
-  line-step of the older issues when its row line has arrived, its c is ready and no FMA on
-  the same scratchpad line issued in the L - 1 previous cycles (a result L cycles old is
-  forwarded); else the younger may issue, unless it updates the same row. Occurrences
-  complete in order (a younger one that finished first waits for the older). So one row
-  updated back to back still costs L cycles per occurrence for dim 16..16*L (the lines
-  interleave), but an occurrence of another row fills the gap; otherwise one line-step per
-  cycle (SUM) or two (MUL+FMA).
+- Datapath: two groups of 16 Fp32Fma lanes. Group 0 (one 64-byte line per cycle) is shared
+  by two operations: MUL (c = g * scale into a 32-line contribution ring; WEIGHTED_SUM and
+  MEAN only) and FMA (row = fma(-lr, c, row)); group 1 does FMA only. The FMA front holds the
+  two oldest queued occurrences; a line-step of the older issues when its row line has
+  arrived, its c is ready and no FMA on the same scratchpad line issued in the L - 1 previous
+  cycles (a result L cycles old is forwarded); else the younger may issue, unless it updates
+  the same row. The issuing occurrence's next line goes to group 1 in the same cycle when its
+  operands are ready too (a line pair: lines k and k+1 of a row are in different banks).
+  Occurrences complete in order (a younger one that finished first waits for the older). So
+  one row updated back to back still costs L cycles per occurrence (its lines are in flight),
+  but an occurrence of another row fills the gap; otherwise up to two line-steps per cycle
+  for rows of two or more lines (SUM; with MUL, the MUL front's one line per cycle).
 - End: write-back of every cached row (one line per cycle as the port accepts), then ``done``
   after the last write response.
 - Validation streams whole lines: the offsets through a 64-line reorder buffer, the indices
@@ -135,7 +138,7 @@ chain because the 100-occurrence run is the first command and also waits for the
 sweep); the same for a dim-32 WEIGHTED_SUM row: 5.2 marginal; uniform random rows, dim 16:
 6.3 (512 occurrences, no eviction) and 3.8 (4096 occurrences, evicting), 3.5 marginal (the
 write bandwidth allows 3.1); dim-64 WEIGHTED_SUM, 512 random occurrences: 15.5 (write bound:
-1940 lines at 0.32/cycle); Zipf(1.2) rows, dim 32: 3.2.
+1940 lines at 0.32/cycle); Zipf(1.2) rows, dim 32: 2.6 (3.2 with one FMA slot).
 
 Assumptions: the processor has checked the descriptor (T in 1..128, B >= 1, dims multiples of
 16 in [16, 256], rows >= 1, pooling mode, has_weights for WEIGHTED_SUM). The memory port honours
@@ -545,30 +548,44 @@ class UpdateEngine(wiring.Component):
         # Two writers (fills, FMA results) and two readers (FMA row operand, write-backs):
         # four one-write one-read block RAMs and a live value table (hw/common/ram.py). The
         # FMA operand read sees a result written in its own cycle through a bypass register.
-        m.submodules.scratch = scratch = LvtRam(shape=LINE_BITS, depth=SL, name="scratch")
-        scr_fill = scratch.write_port()
-        scr_upd = scratch.write_port()
-        scr_rd = scratch.read_port(transparent_for=(scr_upd,))     # FMA row operand
-        scr_wb = scratch.read_port()                               # write-backs
+        # Two banks by line parity, so the two lines of a line pair (k, k+1 of one row) are
+        # read and written in one cycle, one per bank.
+        banks = []
+        for b in range(2):
+            bank = LvtRam(shape=LINE_BITS, depth=SL // 2, name=f"scratch{b}")
+            m.submodules[f"scratch{b}"] = bank
+            fill_p, upd_p = bank.write_port(), bank.write_port()
+            banks.append({"fill": fill_p, "upd": upd_p, "rd": bank.read_port(transparent_for=(upd_p,)),
+                          "wb": bank.read_port()})
         m.submodules.scr_arrived = scr_arrived = Memory(shape=1, depth=SL, init=[])
         arr_set = scr_arrived.write_port()
         arr_clr = scr_arrived.write_port()
         arr_rd = scr_arrived.read_port(domain="comb")          # FMA window entry A's row line
         arr_rd_b = scr_arrived.read_port(domain="comb")        # ... and entry B's
-        m.d.comb += [scr_fill.addr.eq(rpay[:SB]), scr_fill.data.eq(rsp.payload.data),
-                     scr_fill.en.eq(rsp.valid & (rkind == Kind.ROW)),
-                     arr_set.addr.eq(rpay[:SB]), arr_set.data.eq(1), arr_set.en.eq(rsp.valid & (rkind == Kind.ROW)),
+        arr_rd_a1 = scr_arrived.read_port(domain="comb")       # A's next line (a line pair)
+        arr_rd_b1 = scr_arrived.read_port(domain="comb")       # ... and B's
+        for b, bank in enumerate(banks):
+            m.d.comb += [bank["fill"].addr.eq(rpay[1:SB]), bank["fill"].data.eq(rsp.payload.data),
+                         bank["fill"].en.eq(rsp.valid & (rkind == Kind.ROW) & (rpay[0] == b))]
+        m.d.comb += [arr_set.addr.eq(rpay[:SB]), arr_set.data.eq(1), arr_set.en.eq(rsp.valid & (rkind == Kind.ROW)),
                      arr_clr.data.eq(0)]
 
         m.submodules.grad_mem = grad_mem = Memory(shape=LINE_BITS, depth=self.GRAD_LINES, init=[])
         grad_wp = grad_mem.write_port()
         grad_rp = grad_mem.read_port()
+        # A replica for the second line of a pair (written together: one read port each).
+        m.submodules.grad_mem1 = grad_mem1 = Memory(shape=LINE_BITS, depth=self.GRAD_LINES, init=[])
+        grad_wp1 = grad_mem1.write_port()
+        grad_rp1 = grad_mem1.read_port()
+        m.d.comb += [grad_wp1.addr.eq(grad_wp.addr), grad_wp1.data.eq(grad_wp.data), grad_wp1.en.eq(grad_wp.en)]
         m.submodules.grad_arrived = grad_arrived = Memory(shape=1, depth=self.GRAD_LINES, init=[])
         garr_set = grad_arrived.write_port()
         garr_clr = grad_arrived.write_port()
         garr_mul = grad_arrived.read_port(domain="comb")
         garr_fma = grad_arrived.read_port(domain="comb")     # FMA window entry A's gradient line
         garr_fma_b = grad_arrived.read_port(domain="comb")   # ... and entry B's
+        garr_fma_a1 = grad_arrived.read_port(domain="comb")  # A's next line (a line pair)
+        garr_fma_b1 = grad_arrived.read_port(domain="comb")  # ... and B's
         m.d.comb += [grad_wp.addr.eq(rpay[:GB]), grad_wp.data.eq(rsp.payload.data),
                      grad_wp.en.eq(rsp.valid & (rkind == Kind.GRAD)),
                      garr_set.addr.eq(rpay[:GB]), garr_set.data.eq(1), garr_set.en.eq(rsp.valid & (rkind == Kind.GRAD)),
@@ -1085,6 +1102,13 @@ class UpdateEngine(wiring.Component):
         wb_addr = Signal(32)
         wb_lines = Signal(5)
         wb_k = Signal(5)                        # lines read from the scratchpad
+        wb_line = Signal(SB)                    # the scratchpad line read for the port
+        wb_en = Signal()
+        wb_bank = Signal()                      # the bank of the line read last
+        for bank in banks:
+            m.d.comb += [bank["wb"].addr.eq(wb_line[1:]), bank["wb"].en.eq(wb_en)]
+        with m.If(wb_en):
+            m.d.sync += wb_bank.eq(wb_line[0])
         wb_have = Signal()                      # a read line waits on the port
         wb_pk = Signal(5)
         wb_acc = Signal()
@@ -1094,7 +1118,7 @@ class UpdateEngine(wiring.Component):
             wb_acc.eq(wb_have & src_look.ready),
             wb_read.eq(wb_active & (wb_k != wb_lines) & (~wb_have | wb_acc)),
             wb_issuing.eq(wb_have | (wb_active & (wb_k != wb_lines))),
-            scr_wb.addr.eq(wb_base | wb_k), scr_wb.en.eq(wb_read | wb_go),
+            wb_line.eq(wb_base | wb_k), wb_en.eq(wb_read | wb_go),
         ]
         with m.If(wb_read):
             m.d.sync += [wb_k.eq(wb_k + 1), wb_have.eq(1), wb_pk.eq(wb_k)]
@@ -1103,7 +1127,7 @@ class UpdateEngine(wiring.Component):
         with m.If(wb_active & (wb_k == wb_lines) & (~wb_have | wb_acc)):
             m.d.sync += wb_active.eq(0)
         with m.If(wb_go):
-            m.d.comb += scr_wb.addr.eq(wb_base_in)
+            m.d.comb += wb_line.eq(wb_base_in)
             m.d.sync += [wb_active.eq(1), wb_base.eq(wb_base_in), wb_addr.eq(wb_addr_in), wb_lines.eq(wb_lines_in),
                          wb_k.eq(1), wb_have.eq(1), wb_pk.eq(0), st_rows_written.eq(st_rows_written + 1)]
 
@@ -1114,7 +1138,7 @@ class UpdateEngine(wiring.Component):
             src_look.valid.eq(wb_have | fill_valid),
             src_look.write.eq(wb_have),
             src_look.addr.eq(Mux(wb_have, wb_addr + wb_pk, s2_addr + fk)),
-            src_look.data.eq(scr_wb.data),
+            src_look.data.eq(Mux(wb_bank, banks[1]["wb"].data, banks[0]["wb"].data)),
             src_look.ctx.eq(Mux(wb_have, ctx_of(Kind.WB, 0), ctx_of(Kind.ROW, fill_line))),
             arr_clr.addr.eq(fill_line),
         ]
@@ -1251,6 +1275,10 @@ class UpdateEngine(wiring.Component):
         m.submodules.contrib = contrib = Memory(shape=LINE_BITS, depth=self.CONTRIB_LINES, init=[])
         con_wp = contrib.write_port()
         con_rp = contrib.read_port()
+        m.submodules.contrib1 = contrib1 = Memory(shape=LINE_BITS, depth=self.CONTRIB_LINES, init=[])
+        con_wp1 = contrib1.write_port()             # a replica for slot 1, written with contrib
+        con_rp1 = contrib1.read_port()
+        m.d.comb += [con_wp1.addr.eq(con_wp.addr), con_wp1.data.eq(con_wp.data), con_wp1.en.eq(con_wp.en)]
         con_valid = Signal(self.CONTRIB_LINES)
         c_head = Signal(CB + 1)
         c_tail = Signal(CB + 1)
@@ -1263,6 +1291,7 @@ class UpdateEngine(wiring.Component):
         mf_cpos = Signal(CB)
 
         fma_go = Signal()
+        pair_go = Signal()                      # a second line-step with the FMA's (issue slot 1)
         mul_go = Signal()
         sum_pass = Signal()
         mf_finish = Signal()
@@ -1303,44 +1332,64 @@ class UpdateEngine(wiring.Component):
         wa_k, wb_k = Signal(5), Signal(5)
         row_a, row_b = Signal(SB), Signal(SB)
         c_a, c_b = Signal(GB), Signal(GB)
+        row_a1, row_b1 = Signal(SB), Signal(SB)         # the entries' next lines (a line pair)
+        c_a1, c_b1 = Signal(GB), Signal(GB)
         m.d.comb += [row_a.eq(wa.row_base | wa_k), c_a.eq(wa.cpos + wa_k), arr_rd.addr.eq(row_a),
                      garr_fma.addr.eq(c_a),
                      row_b.eq(wb.row_base | wb_k), c_b.eq(wb.cpos + wb_k), arr_rd_b.addr.eq(row_b),
-                     garr_fma_b.addr.eq(c_b)]
+                     garr_fma_b.addr.eq(c_b),
+                     row_a1.eq(wa.row_base | (wa_k + 1)[:5]), c_a1.eq(wa.cpos + wa_k + 1), arr_rd_a1.addr.eq(row_a1),
+                     garr_fma_a1.addr.eq(c_a1),
+                     row_b1.eq(wb.row_base | (wb_k + 1)[:5]), c_b1.eq(wb.cpos + wb_k + 1), arr_rd_b1.addr.eq(row_b1),
+                     garr_fma_b1.addr.eq(c_b1)]
         HZ = Fp32Fma.LATENCIES[self.fp32_pipeline] - 1     # FMAs issued 1..HZ cycles ago are in flight
-        hz_valid = [Signal(name=f"hz_valid{i}") for i in range(HZ)]
-        hz_addr = [Signal(SB, name=f"hz_addr{i}") for i in range(HZ)]
+        # Per issue slot (0: a line, 1: the next line of the same occurrence in the same cycle).
+        hz_valid = [[Signal(name=f"hz{j}_valid{i}") for i in range(HZ)] for j in range(2)]
+        hz_addr = [[Signal(SB, name=f"hz{j}_addr{i}") for i in range(HZ)] for j in range(2)]
 
         def operands_ready(rec, row, c, arrived, g_arrived):
             in_flight = 0
-            for i in range(HZ):
-                in_flight = in_flight | (hz_valid[i] & (hz_addr[i] == row))
+            for j in range(2):
+                for i in range(HZ):
+                    in_flight = in_flight | (hz_valid[j][i] & (hz_addr[j][i] == row))
             c_ready = Mux(rec.csrc, con_valid.bit_select(c[:CB], 1), g_arrived)
             return arrived & c_ready & ~in_flight
 
         go_a, go_b = Signal(), Signal()
+        pair_a, pair_b = Signal(), Signal()              # ... and its next line with it
         fin_a, fin_b = Signal(), Signal()
         m.d.comb += [
             go_a.eq(wa_valid & operands_ready(wa, row_a, c_a, arr_rd.data, garr_fma.data) & ~freeze),
             go_b.eq(~go_a & wb_valid & ~b_done & (wb.row_base != wa.row_base) &
                     operands_ready(wb, row_b, c_b, arr_rd_b.data, garr_fma_b.data) & ~freeze),
+            # Lines k and k+1 of one row sit in different scratchpad banks (slots are aligned).
+            pair_a.eq(go_a & (wa_k + 2 <= wa.lines) & operands_ready(wa, row_a1, c_a1, arr_rd_a1.data,
+                                                                     garr_fma_a1.data)),
+            pair_b.eq(go_b & (wb_k + 2 <= wb.lines) & operands_ready(wb, row_b1, c_b1, arr_rd_b1.data,
+                                                                     garr_fma_b1.data)),
             fma_go.eq(go_a | go_b),
-            fin_a.eq(go_a & (wa_k + 1 == wa.lines)),
-            fin_b.eq(go_b & (wb_k + 1 == wb.lines)),
+            pair_go.eq(pair_a | pair_b),
+            fin_a.eq(go_a & (wa_k + 1 + pair_a == wa.lines)),
+            fin_b.eq(go_b & (wb_k + 1 + pair_b == wb.lines)),
         ]
         row_line = Signal(SB)
         c_line = Signal(GB)
+        row_line1 = Signal(SB)
+        c_line1 = Signal(GB)
         csrc = Signal()
         m.d.comb += [row_line.eq(Mux(go_b, row_b, row_a)), c_line.eq(Mux(go_b, c_b, c_a)),
+                     row_line1.eq(Mux(go_b, row_b1, row_a1)), c_line1.eq(Mux(go_b, c_b1, c_a1)),
                      csrc.eq(Mux(go_b, wb.csrc, wa.csrc))]
-        m.d.sync += [hz_valid[0].eq(fma_go), hz_addr[0].eq(row_line)]
-        for i in range(1, HZ):
-            m.d.sync += [hz_valid[i].eq(hz_valid[i - 1]), hz_addr[i].eq(hz_addr[i - 1])]
+        m.d.sync += [hz_valid[0][0].eq(fma_go), hz_addr[0][0].eq(row_line),
+                     hz_valid[1][0].eq(pair_go), hz_addr[1][0].eq(row_line1)]
+        for j in range(2):
+            for i in range(1, HZ):
+                m.d.sync += [hz_valid[j][i].eq(hz_valid[j][i - 1]), hz_addr[j][i].eq(hz_addr[j][i - 1])]
 
         with m.If(go_a & ~fin_a):
-            m.d.sync += wa_k.eq(wa_k + 1)
+            m.d.sync += wa_k.eq(wa_k + 1 + pair_a)
         with m.If(go_b):
-            m.d.sync += wb_k.eq(wb_k + 1)
+            m.d.sync += wb_k.eq(wb_k + 1 + pair_b)
             with m.If(fin_b):
                 m.d.sync += b_done.eq(1)
         b_leaves = wb_valid & b_done             # with A, this cycle, when A finishes
@@ -1371,8 +1420,18 @@ class UpdateEngine(wiring.Component):
         m.d.comb += done_cnt.eq(Mux(fin_a, 1 + b_leaves, 0))
 
         # Operand reads (cycle 0), lane inputs (cycle 1), results (cycle 6).
+        # Operand reads: the slot-0 line from its bank, the slot-1 line (the other parity) from
+        # the other bank; the registered parity says which bank answers which slot.
         m.d.comb += [grad_rp.addr.eq(Mux(fma_go, c_line, (mf.gpos + mf_k)[:GB])), con_rp.addr.eq(c_line[:CB]),
-                     scr_rd.addr.eq(row_line)]
+                     grad_rp1.addr.eq(c_line1), con_rp1.addr.eq(c_line1[:CB])]
+        for b, bank in enumerate(banks):
+            m.d.comb += bank["rd"].addr.eq(Mux(row_line[0] == b, row_line, row_line1)[1:])
+        c1_par = Signal()                       # the slot-0 line's bank
+        c1_pair = Signal()
+        c1_row1 = Signal(SB)
+        m.d.sync += [c1_par.eq(row_line[0]), c1_pair.eq(pair_go), c1_row1.eq(row_line1)]
+        rd_data = [Mux(c1_par, banks[1]["rd"].data, banks[0]["rd"].data),
+                   Mux(c1_par, banks[0]["rd"].data, banks[1]["rd"].data)]
         c1_fma = Signal()
         c1_mul = Signal()
         c1_row = Signal(SB)
@@ -1388,37 +1447,65 @@ class UpdateEngine(wiring.Component):
             lane = Fp32Fma(tag_width=tag_w if i == 0 else 1, pipeline=self.fp32_pipeline)
             m.submodules[f"lane{i}"] = lane
             lanes.append(lane)
+        lanes1 = []                             # slot 1: FMA only
+        for i in range(LANES):
+            lane = Fp32Fma(tag_width=SB if i == 0 else 1, pipeline=self.fp32_pipeline)
+            m.submodules[f"lane1_{i}"] = lane
+            lanes1.append(lane)
         o_tag = lanes[0].o_tag
         o_fma = lanes[0].o_valid & o_tag[0]
         o_mul = lanes[0].o_valid & ~o_tag[0]
         o_addr = o_tag[1:1 + max(SB, CB)]
         o_done = o_tag[tag_w - 2:]                  # occurrences completed (done_cnt)
-        fwd = Signal()
-        m.d.comb += fwd.eq(o_fma & (o_addr[:SB] == c1_row))
-        neg_lr = Cat(cmd.lr[:31], ~cmd.lr[31])
-        for i, lane in enumerate(lanes):
-            sl = slice(32 * i, 32 * (i + 1))
-            g = grad_rp.data[sl]
-            row = Mux(fwd, lane.o_result, scr_rd.data[sl])
-            m.d.comb += [
-                lane.i_valid.eq(c1_fma | c1_mul),
-                lane.op.eq(Mux(c1_fma, FmaOp.FMA, FmaOp.MUL)),
-                lane.a.eq(Mux(c1_fma, neg_lr, g)),
-                lane.b.eq(Mux(c1_fma, Mux(c1_csrc, con_rp.data[sl], g), c1_scale)),
-                lane.c.eq(row),
-            ]
-        m.d.comb += lanes[0].i_tag.eq(Cat(c1_fma, Mux(c1_fma, c1_row, c1_cdst), c1_done))
+        o_fma1 = lanes1[0].o_valid
+        o_addr1 = lanes1[0].o_tag
         results = Cat(*[lane.o_result for lane in lanes])
-        m.d.comb += [scr_upd.addr.eq(o_addr[:SB]), scr_upd.data.eq(results), scr_upd.en.eq(o_fma),
-                     con_wp.addr.eq(o_addr[:CB]), con_wp.data.eq(results), con_wp.en.eq(o_mul)]
+        results1 = Cat(*[lane.o_result for lane in lanes1])
+        # A result leaving the lanes in the cycle its line's next operand arrives is forwarded
+        # (the operand was read the cycle before its write); either slot's result, either slot.
+        neg_lr = Cat(cmd.lr[:31], ~cmd.lr[31])
+        operand = []
+        for row_s in (c1_row, c1_row1):
+            f0, f1 = Signal(), Signal()
+            m.d.comb += [f0.eq(o_fma & (o_addr[:SB] == row_s)), f1.eq(o_fma1 & (o_addr1 == row_s))]
+            operand.append((f0, f1))
+        groups = ((lanes, con_rp.data, grad_rp.data, operand[0], rd_data[0]),
+                  (lanes1, con_rp1.data, grad_rp1.data, operand[1], rd_data[1]))
+        for grp, (lns, cdat, gdat, (f0, f1), rdat) in enumerate(groups):
+            for i, lane in enumerate(lns):
+                sl = slice(32 * i, 32 * (i + 1))
+                g = gdat[sl]
+                row = Mux(f0, results[sl], Mux(f1, results1[sl], rdat[sl]))
+                c_op = Mux(c1_csrc, cdat[sl], g)
+                if grp == 0:
+                    m.d.comb += [
+                        lane.i_valid.eq(c1_fma | c1_mul),
+                        lane.op.eq(Mux(c1_fma, FmaOp.FMA, FmaOp.MUL)),
+                        lane.a.eq(Mux(c1_fma, neg_lr, g)),
+                        lane.b.eq(Mux(c1_fma, c_op, c1_scale)),
+                        lane.c.eq(row),
+                    ]
+                else:
+                    m.d.comb += [lane.i_valid.eq(c1_pair), lane.op.eq(FmaOp.FMA), lane.a.eq(neg_lr),
+                                 lane.b.eq(c_op), lane.c.eq(row)]
+        m.d.comb += [lanes[0].i_tag.eq(Cat(c1_fma, Mux(c1_fma, c1_row, c1_cdst), c1_done)),
+                     lanes1[0].i_tag.eq(c1_row1)]
+        # Results: each to its line's bank (a pair's two lines never share one).
+        for b, bank in enumerate(banks):
+            mine0 = o_fma & (o_addr[0] == b)
+            m.d.comb += [bank["upd"].addr.eq(Mux(mine0, o_addr[1:SB], o_addr1[1:])),
+                         bank["upd"].data.eq(Mux(mine0, results, results1)),
+                         bank["upd"].en.eq(mine0 | (o_fma1 & (o_addr1[0] == b)))]
+        m.d.comb += [con_wp.addr.eq(o_addr[:CB]), con_wp.data.eq(results), con_wp.en.eq(o_mul)]
         with m.If(o_fma):
             m.d.sync += completed.eq(completed + o_done)
         con_set = Mux(o_mul, Const(1, self.CONTRIB_LINES) << o_addr[:CB], 0)
-        con_clr = Mux(fma_go & csrc, Const(1, self.CONTRIB_LINES) << c_line[:CB], 0)
+        con_clr = (Mux(fma_go & csrc, Const(1, self.CONTRIB_LINES) << c_line[:CB], 0) |
+                   Mux(pair_go & csrc, Const(1, self.CONTRIB_LINES) << c_line1[:CB], 0))
         m.d.sync += con_valid.eq((con_valid | con_set) & ~con_clr)
         with m.If(clr):
             m.d.sync += [mf_valid.eq(0), wa_valid.eq(0), wb_valid.eq(0), b_done.eq(0), c_head.eq(0), c_tail.eq(0),
-                         con_valid.eq(0), completed.eq(0)] + [h.eq(0) for h in hz_valid]
+                         con_valid.eq(0), completed.eq(0)] + [h.eq(0) for hz in hz_valid for h in hz]
         # The INIT sweep (placed last: it overrides the ports' other drivers, idle anyway).
         with m.If(state == Main.INIT):
             m.d.comb += [tag_wp.addr.eq(init_ctr), tag_wp.data.eq(0), tag_wp.en.eq((1 << W) - 1),
