@@ -529,6 +529,15 @@ async def test_scratchpad_overflow(dut):
     args = wl3.batch(12, lambda t, b: 6, lambda t, n: rng.choice(same_set, n))
     res = await run_and_check(bench, wl3, args, "tag set conflicts", exact_traffic=False)
     assert res["stats"]["rows_read"] > 12, res["stats"]
+    # One more row than slots, in turn: each miss evicts the row that comes next (the oldest),
+    # so the next lookup is the victim's: its tag must be gone (the drop lands a cycle after
+    # the insert; the manager waits that cycle), and its write-back must precede its re-read.
+    n = SCRATCH + 1                                    # dim 16: one line per slot
+    wl4 = Workload(bench, [(n + 7, 16, "sum")], rng, base=wl3.args + 64)
+    turn = iter(range(1 << 30))
+    args = wl4.batch(3 * n, lambda t, b: 1, lambda t, k: [next(turn) % n for _ in range(k)])
+    res = await run_and_check(bench, wl4, args, "victim next", exact_traffic=False)
+    assert res["stats"]["rows_read"] > 2 * n, res["stats"]
 
 
 @cocotb.test()

@@ -91,25 +91,30 @@ Scratchpad (a write-back cache of rows)
 - Replacement: never-used slots first, then CLOCK (second chance: the reference bit is set on
   a hit and cleared as the hand passes; pinned slots are skipped). If every slot is pinned the
   lookahead waits for the datapath.
-- Ordering: a victim's lines are read from the scratchpad and issued as writes before the new
-  row's fill reads, in the same request stream (program order).
+- Ordering: a miss queues its victim's write-back and its own fill (the miss queue, 16
+  misses); the port takes them in queue order, a victim's lines read from the scratchpad and
+  issued as writes before the fill's reads (one request stream: program order), so a row
+  evicted and missed again is read after its write-back.
 - Memories (FPGA rules, hw/common/ram.py): the scratchpad is two ``LvtRam`` banks by line
   parity, each written by fills and FMA results and read by an FMA operand port and the
   write-backs (the operand read bypasses a same-cycle result); the gradient and contribution
-  rings have a replica each for the second FMA slot; the tag store is one ``BypassRam`` per way. A tag invalidation (the
-  victim's entry, or a flush) is written one cycle after it is decided, through the way's only
-  write port; no insert and no tag lookup happens in that cycle (the manager is in FILL or
-  FL_CHK), so lookups never see the stale entry. The arrival bits of the scratchpad (1 x
-  scratch_lines) and of the gradient ring (1 x 256) are set by responses and cleared by
-  issues (two write ports) and read by the FMA window's two entries (and the MUL front):
-  flip-flops, below the audit's 4-kbit limit (tools/mem_audit.py).
+  rings have a replica each for the second FMA slot; the tag store is one ``BypassRam`` per
+  way. A tag invalidation (the victim's entry, or a flush) is written one cycle after it is
+  decided, through the way's only write port; no insert happens in that cycle (an evicting
+  insert moves the manager to DROP for it; FL_CHK inserts nothing), and S2 re-reads its set
+  then, so lookups never see the stale entry. The arrival bits of the scratchpad (a
+  scratch_lines register: set by fill responses, a whole slot cleared when a row is inserted,
+  before its occurrence is queued) and of the gradient ring (1 x 256, set by responses and
+  cleared by issues, two write ports) are read by the FMA window's entries (and the MUL
+  front): flip-flops, below the audit's 4-kbit limit (tools/mem_audit.py).
 
 Pipeline, latency and throughput (one request per cycle at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
   non-empty bag into a 256-line ring); 1/L through Fp32DivInt (10 cycles, pipelined).
-- Lookahead: a hit costs 1 cycle (row address, tag-set read and compare are pipelined); a
-  miss into a free slot 1 + dim/16, a miss that evicts 1 + 2*dim/16 (write-back, then fill; +1
-  per slot the CLOCK hand passes).
+- Lookahead: a hit costs 1 cycle (row address, tag-set read and compare are pipelined), a
+  miss into a free slot 1, a miss that evicts 2 (+1 per slot the CLOCK hand passes) while the
+  miss queue has room; the port then spends dim/16 requests on the fill and as many on the
+  victim's write-back.
   Up to 128 occurrences wait in the occurrence queue with their fills in flight, which hides
   the media latency (about 100-130 reads in flight in the measurements below).
 - Datapath: two groups of 16 Fp32Fma lanes. Group 0 (one 64-byte line per cycle) is shared
@@ -342,8 +347,7 @@ class Mgr(enum.IntEnum):
     CLOCK = 2
     CONF_RD = 3
     CONF_CHK = 4
-    FILL = 5
-    PUSH = 6
+    DROP = 5                         # one cycle after an eviction: the victim's tag drop lands
     FL_CHK = 7
 
 
@@ -368,6 +372,7 @@ class UpdateEngine(wiring.Component):
     GRAD_LINES = 256
     CONTRIB_LINES = 32
     OCC_DEPTH = 128
+    MISS_DEPTH = 16                  # misses (victim write-back + fill) queued for the port
     FMA_QUEUE_DEPTH = 16
     BAG_DEPTH = 32
     OFFSETS_ROB = 64
@@ -557,18 +562,17 @@ class UpdateEngine(wiring.Component):
             fill_p, upd_p = bank.write_port(), bank.write_port()
             banks.append({"fill": fill_p, "upd": upd_p, "rd": bank.read_port(transparent_for=(upd_p,)),
                           "wb": bank.read_port()})
-        m.submodules.scr_arrived = scr_arrived = Memory(shape=1, depth=SL, init=[])
-        arr_set = scr_arrived.write_port()
-        arr_clr = scr_arrived.write_port()
-        arr_rd = scr_arrived.read_port(domain="comb")          # FMA window entry A's row line
-        arr_rd_b = scr_arrived.read_port(domain="comb")        # ... and entry B's
-        arr_rd_a1 = scr_arrived.read_port(domain="comb")       # A's next line (a line pair)
-        arr_rd_b1 = scr_arrived.read_port(domain="comb")       # ... and B's
+        # Arrival bits of the scratchpad lines (flip-flops): set by a fill's response, cleared
+        # for a whole slot when a row is inserted (before its occurrence is queued; its fill
+        # may wait in the miss queue), all of them at INIT.
+        arrived = Signal(SL)
+        arr_clr_mask = Signal(SL)
+        arr_set_mask = Signal(SL)
+        m.d.comb += arr_set_mask.eq(Mux(rsp.valid & (rkind == Kind.ROW), Const(1, SL) << rpay[:SB], 0))
+        m.d.sync += arrived.eq((arrived & ~arr_clr_mask) | arr_set_mask)
         for b, bank in enumerate(banks):
             m.d.comb += [bank["fill"].addr.eq(rpay[1:SB]), bank["fill"].data.eq(rsp.payload.data),
                          bank["fill"].en.eq(rsp.valid & (rkind == Kind.ROW) & (rpay[0] == b))]
-        m.d.comb += [arr_set.addr.eq(rpay[:SB]), arr_set.data.eq(1), arr_set.en.eq(rsp.valid & (rkind == Kind.ROW)),
-                     arr_clr.data.eq(0)]
 
         m.submodules.grad_mem = grad_mem = Memory(shape=LINE_BITS, depth=self.GRAD_LINES, init=[])
         grad_wp = grad_mem.write_port()
@@ -610,6 +614,7 @@ class UpdateEngine(wiring.Component):
         mgr_idle = Signal()
         bag_done = Signal()
         look_empty = Signal()
+        miss_idle = Signal()                    # the miss queue and its port machine are empty
 
         def fail(code, info):
             m.d.sync += [err.eq(code), err_info.eq(info), state.eq(Main.ERR_DRAIN)]
@@ -809,7 +814,7 @@ class UpdateEngine(wiring.Component):
             with m.Case(Main.APPLY):
                 with m.If(media_err):
                     m.d.sync += [frozen.eq(1), state.eq(Main.ABORT)]
-                with m.Elif(bag_done & look_empty & (seq == total) & (completed == total)):
+                with m.Elif(bag_done & look_empty & miss_idle & (seq == total) & (completed == total)):
                     m.d.comb += flush_go.eq(1)
                     m.d.sync += state.eq(Main.FLUSH)
 
@@ -1012,10 +1017,10 @@ class UpdateEngine(wiring.Component):
         # The tag store: one block RAM per way, one write port each, read with a bypass of that
         # port's same-cycle write. Inserts (and the INIT sweep) write at once; a drop (the
         # victim's entry, decided in the insert's cycle, or a flush invalidation) lands one
-        # cycle later through the same port. That never meets an insert: every insert moves
-        # the manager to FILL for at least one cycle, and FL_CHK inserts nothing. Nothing reads
-        # the tags in those cycles: LOOK uses tag data read at least one cycle after the drop
-        # (FILL, or FL_CHK then IDLE, come first).
+        # cycle later through the same port. That never meets an insert: an insert that drops
+        # a tag moves the manager to DROP for one cycle, and FL_CHK inserts nothing. Nothing
+        # uses a tag read from before a drop: in DROP, S2 re-reads its set (the read port
+        # bypasses the drop's write), and LOOK resumes the cycle after (FL_CHK then IDLE).
         tag_wp = _TagWrite(TSB, W, entry.size)                # inserts (and the INIT sweep)
         tag_drop = _TagWrite(TSB, W, entry.size)              # invalidations (data ignored: 0)
         tag_rp = _TagRead(TSB, W * entry.size)
@@ -1079,12 +1084,10 @@ class UpdateEngine(wiring.Component):
 
         hand = Signal(SB)
         fresh = Signal(SB + 1)
-        v = Signal(SB)                          # the slot being (re)filled
         vway = Signal(WB_)
         tw = Signal(W * entry.size)             # the missing key's tag set, as read
         rr = Signal(WB_)
         tw_way = data.View(entry, tw.word_select(rr, entry.size))     # the conflict candidate
-        fk = Signal(5)
         fs = Signal(SB + 1)
         abort_mode = Signal()
         hand_next = Mux(hand + 1 == nslots, 0, hand + 1)[:SB]
@@ -1131,28 +1134,71 @@ class UpdateEngine(wiring.Component):
             m.d.sync += [wb_active.eq(1), wb_base.eq(wb_base_in), wb_addr.eq(wb_addr_in), wb_lines.eq(wb_lines_in),
                          wb_k.eq(1), wb_have.eq(1), wb_pk.eq(0), st_rows_written.eq(st_rows_written + 1)]
 
+        # Miss queue: what a miss leaves to the port (its victim's write-back, then its fill), so
+        # the manager goes on with the next occurrences while the port works through it. One
+        # request stream in queue order: a row evicted and missed again is read after its
+        # write-back (the port's read-after-write rule).
+        miss_rec = data.StructLayout({"wb": 1, "wb_base": SB, "wb_addr": 32, "wb_lines": 5,
+                                      "fill_base": SB, "fill_addr": 32, "lines": 5})
+        m.submodules.missq = missq = ResetInserter(clr)(SyncFIFOBuffered(width=miss_rec.size,
+                                                                          depth=self.MISS_DEPTH))
+        miss_w = Signal(miss_rec)
+        m.d.comb += missq.w_data.eq(miss_w)
+        room = Signal()                         # a miss can be queued and its occurrence pushed
+        m.d.comb += room.eq(missq.w_rdy & occ_q.w_rdy & ~freeze)
+        slot_line_mask = Signal(16)             # a slot's lines, from its first
+        ins_base = Signal(SB)                   # the first line of the slot an insert takes
+        m.d.comb += slot_line_mask.eq(Mux(slot_shift == 0, 0x1, Mux(slot_shift == 1, 0x3, Mux(
+            slot_shift == 2, 0xF, Mux(slot_shift == 3, 0xFF, 0xFFFF)))))
+        me_valid = Signal()                     # the miss the port works on
+        me = Signal(miss_rec)
+        me_wb = Signal()                        # ... its write-back not started yet
+        me_k = Signal(5)                        # ... fill lines issued
         fill_valid = Signal()
+        me_finish = Signal()
+        m.d.comb += [
+            fill_valid.eq(me_valid & ~me_wb & ~wb_issuing & ~freeze),
+            me_finish.eq(fill_valid & src_look.ready & (me_k + 1 == me.lines)),
+            missq.r_en.eq((~me_valid | me_finish) & ~freeze),
+        ]
+        with m.If(fill_valid & src_look.ready):
+            m.d.sync += me_k.eq(me_k + 1)
+        with m.If(missq.r_en & missq.r_rdy):     # (after: a new miss starts at line 0)
+            m.d.sync += [me.eq(missq.r_data), me_valid.eq(1), me_wb.eq(missq.r_data[0]), me_k.eq(0)]
+        with m.Elif(me_finish):
+            m.d.sync += me_valid.eq(0)
+        # The victim's write-back goes first (the write-back machine reads it out of the slot
+        # before the fill's responses can overwrite it).
+        with m.If(me_valid & me_wb & ~wb_active & ~freeze & (mstate != Mgr.FL_CHK)):
+            m.d.comb += [wb_go.eq(1), wb_base_in.eq(me.wb_base), wb_addr_in.eq(me.wb_addr),
+                         wb_lines_in.eq(me.wb_lines)]
+            m.d.sync += me_wb.eq(0)
+        m.d.comb += miss_idle.eq(~me_valid & ~missq.r_rdy)
+
         fill_line = Signal(SB)
-        m.d.comb += fill_line.eq((v << slot_shift) | fk)
+        m.d.comb += fill_line.eq(me.fill_base | me_k)
         m.d.comb += [
             src_look.valid.eq(wb_have | fill_valid),
             src_look.write.eq(wb_have),
-            src_look.addr.eq(Mux(wb_have, wb_addr + wb_pk, s2_addr + fk)),
+            src_look.addr.eq(Mux(wb_have, wb_addr + wb_pk, me.fill_addr + me_k)),
             src_look.data.eq(Mux(wb_bank, banks[1]["wb"].data, banks[0]["wb"].data)),
             src_look.ctx.eq(Mux(wb_have, ctx_of(Kind.WB, 0), ctx_of(Kind.ROW, fill_line))),
-            arr_clr.addr.eq(fill_line),
         ]
 
         def evict(slot, r, drop_tag):
-            """Write back ``slot`` (record ``r``); forget its tag unless the caller reuses it."""
-            m.d.comb += [wb_go.eq(1), wb_base_in.eq(slot << slot_shift), wb_addr_in.eq(r.addr),
-                         wb_lines_in.eq(r.lines)]
+            """Queue the write-back of ``slot`` (record ``r``) with the insert's fill; forget its
+            tag unless the caller reuses it."""
+            m.d.comb += [miss_w.wb.eq(1), miss_w.wb_base.eq(slot << slot_shift), miss_w.wb_addr.eq(r.addr),
+                         miss_w.wb_lines.eq(r.lines)]
             if drop_tag:
                 m.d.comb += [tag_drop.addr.eq(_hash(r.addr, TSB, 0x9E3779B1)), tag_drop.data.eq(0),
                              tag_drop.en.eq(Const(1, W) << r.way)]
 
-        def insert(slot, way):
-            """Tag and slot state of the missing row; its fills follow in FILL."""
+        def insert(slot, way, then=Mgr.LOOK):
+            """Tag and slot state of the missing row, its fill queued (after the victim's
+            write-back), its occurrence pushed; the manager goes on in ``then`` (DROP after an
+            eviction that drops a tag: the drop lands one cycle later, and no lookup may use a
+            tag read before it). Callers check ``room``."""
             new = Signal(entry, name="new_entry")
             srec = Signal(slot_rec, name="new_slot")
             m.d.comb += [new.valid.eq(1), new.key.eq(s2_addr), new.slot.eq(slot),
@@ -1160,7 +1206,11 @@ class UpdateEngine(wiring.Component):
                          srec.valid.eq(1), srec.ref.eq(0), srec.addr.eq(s2_addr), srec.lines.eq(s2_lines),
                          srec.last_use.eq(seq), srec.way.eq(way),
                          slot_wp.addr.eq(slot), slot_wp.data.eq(srec), slot_wp.en.eq(1)]
-            m.d.sync += [v.eq(slot), fk.eq(0), st_rows_read.eq(st_rows_read + 1), mstate.eq(Mgr.FILL)]
+            m.d.comb += [miss_w.fill_base.eq(slot << slot_shift), miss_w.fill_addr.eq(s2_addr),
+                         miss_w.lines.eq(s2_lines), missq.w_en.eq(1),
+                         push.eq(1), push_slot.eq(slot), s2_done.eq(1),
+                         ins_base.eq(slot << slot_shift), arr_clr_mask.eq(slot_line_mask << ins_base)]
+            m.d.sync += [st_rows_read.eq(st_rows_read + 1), mstate.eq(then)]
 
         # slot_rp.data is slot[hand] whenever the previous cycle presented ``hand`` (the
         # default), so a miss can take the victim at the hand in the cycle it is found.
@@ -1186,18 +1236,19 @@ class UpdateEngine(wiring.Component):
                     with m.Elif(full):
                         m.d.sync += [tw.eq(tag_rp.data), mstate.eq(Mgr.CONF_RD)]
                     with m.Elif(fresh != nslots):
-                        m.d.sync += fresh.eq(fresh + 1)
-                        insert(fresh[:SB], free_way)
-                    with m.Elif(victim_at_hand & ~wb_active):
+                        with m.If(room):
+                            m.d.sync += fresh.eq(fresh + 1)
+                            insert(fresh[:SB], free_way)
+                    with m.Elif(victim_at_hand & room):
                         evict(hand, rec, drop_tag=True)
-                        insert(hand, free_way)
+                        insert(hand, free_way, then=Mgr.DROP)
                         m.d.sync += hand.eq(hand_next)
                     with m.Else():
                         m.d.sync += [vway.eq(free_way), mstate.eq(Mgr.CLOCK)]
             with m.Case(Mgr.CLOCK):
                 # CLOCK (second chance) over the slots; pinned slots are skipped.
-                with m.If(~at_hand | wb_active):
-                    pass                                # wait for slot[hand] / the write-back port
+                with m.If(~at_hand | ~room):
+                    pass                                # wait for slot[hand] / room in the queues
                 with m.Elif(pinned):
                     m.d.comb += slot_rp.addr.eq(hand_next)
                     m.d.sync += hand.eq(hand_next)
@@ -1210,8 +1261,10 @@ class UpdateEngine(wiring.Component):
                 with m.Else():
                     with m.If(rec.valid):
                         evict(hand, rec, drop_tag=True)
-                    insert(hand, vway)
+                    insert(hand, vway, then=Mgr.DROP)
                     m.d.sync += hand.eq(hand_next)
+            with m.Case(Mgr.DROP):
+                m.d.sync += mstate.eq(Mgr.LOOK)     # S2 re-reads its set now, past the drop
             with m.Case(Mgr.CONF_RD):
                 # The missing row's tag set is full: evict one of its rows and reuse the way.
                 m.d.comb += slot_rp.addr.eq(tw_way.slot)
@@ -1219,26 +1272,10 @@ class UpdateEngine(wiring.Component):
             with m.Case(Mgr.CONF_CHK):
                 with m.If(pinned):
                     m.d.sync += [rr.eq(rr + 1), mstate.eq(Mgr.CONF_RD)]
-                with m.Elif(~wb_active):
+                with m.Elif(room):
                     evict(tw_way.slot, rec, drop_tag=False)
                     insert(tw_way.slot, rr)
                     m.d.sync += rr.eq(rr + 1)
-            with m.Case(Mgr.FILL):
-                # Fills follow the victim's write-back requests (one stream: program order).
-                m.d.comb += fill_valid.eq(~wb_issuing & ~freeze)
-                with m.If(fill_valid & src_look.ready):
-                    m.d.comb += arr_clr.en.eq(1)
-                    m.d.sync += fk.eq(fk + 1)
-                    with m.If(fk + 1 == s2_lines):
-                        with m.If(occ_q.w_rdy):
-                            m.d.comb += [push.eq(1), push_slot.eq(v), s2_done.eq(1)]
-                            m.d.sync += mstate.eq(Mgr.LOOK)
-                        with m.Else():
-                            m.d.sync += mstate.eq(Mgr.PUSH)
-            with m.Case(Mgr.PUSH):
-                with m.If(occ_q.w_rdy & ~freeze):
-                    m.d.comb += [push.eq(1), push_slot.eq(v), s2_done.eq(1)]
-                    m.d.sync += mstate.eq(Mgr.LOOK)
             with m.Case(Mgr.FL_CHK):
                 # End of the batch (or a MEDIA abort): write back (unless aborting) and forget
                 # every slot used, one per cycle as the write-back machine frees up.
@@ -1261,10 +1298,11 @@ class UpdateEngine(wiring.Component):
                                  slot_rp.addr.eq((fs + 1)[:SB])]
                     m.d.sync += fs.eq(fs + 1)
         with m.If(abort_go):
-            m.d.sync += [fs.eq(0), abort_mode.eq(1), wb_active.eq(0), wb_have.eq(0), mstate.eq(Mgr.FL_CHK)]
+            m.d.sync += [fs.eq(0), abort_mode.eq(1), wb_active.eq(0), wb_have.eq(0), me_valid.eq(0),
+                         mstate.eq(Mgr.FL_CHK)]
         m.d.comb += mgr_idle.eq(mstate == Mgr.IDLE)
         with m.If(clr):
-            m.d.sync += [s1_valid.eq(0), s2_valid.eq(0), la_valid.eq(0), seq.eq(0), rr.eq(0)]
+            m.d.sync += [s1_valid.eq(0), s2_valid.eq(0), la_valid.eq(0), seq.eq(0), rr.eq(0), me_valid.eq(0)]
 
         # ---------------------------------------------------------------- datapath --
         # MUL front: c = g * scale into the contribution ring (WEIGHTED_SUM, MEAN); SUM
@@ -1334,13 +1372,13 @@ class UpdateEngine(wiring.Component):
         c_a, c_b = Signal(GB), Signal(GB)
         row_a1, row_b1 = Signal(SB), Signal(SB)         # the entries' next lines (a line pair)
         c_a1, c_b1 = Signal(GB), Signal(GB)
-        m.d.comb += [row_a.eq(wa.row_base | wa_k), c_a.eq(wa.cpos + wa_k), arr_rd.addr.eq(row_a),
+        m.d.comb += [row_a.eq(wa.row_base | wa_k), c_a.eq(wa.cpos + wa_k),
                      garr_fma.addr.eq(c_a),
-                     row_b.eq(wb.row_base | wb_k), c_b.eq(wb.cpos + wb_k), arr_rd_b.addr.eq(row_b),
+                     row_b.eq(wb.row_base | wb_k), c_b.eq(wb.cpos + wb_k),
                      garr_fma_b.addr.eq(c_b),
-                     row_a1.eq(wa.row_base | (wa_k + 1)[:5]), c_a1.eq(wa.cpos + wa_k + 1), arr_rd_a1.addr.eq(row_a1),
+                     row_a1.eq(wa.row_base | (wa_k + 1)[:5]), c_a1.eq(wa.cpos + wa_k + 1),
                      garr_fma_a1.addr.eq(c_a1),
-                     row_b1.eq(wb.row_base | (wb_k + 1)[:5]), c_b1.eq(wb.cpos + wb_k + 1), arr_rd_b1.addr.eq(row_b1),
+                     row_b1.eq(wb.row_base | (wb_k + 1)[:5]), c_b1.eq(wb.cpos + wb_k + 1),
                      garr_fma_b1.addr.eq(c_b1)]
         HZ = Fp32Fma.LATENCIES[self.fp32_pipeline] - 1     # FMAs issued 1..HZ cycles ago are in flight
         # Per issue slot (0: a line, 1: the next line of the same occurrence in the same cycle).
@@ -1359,13 +1397,13 @@ class UpdateEngine(wiring.Component):
         pair_a, pair_b = Signal(), Signal()              # ... and its next line with it
         fin_a, fin_b = Signal(), Signal()
         m.d.comb += [
-            go_a.eq(wa_valid & operands_ready(wa, row_a, c_a, arr_rd.data, garr_fma.data) & ~freeze),
+            go_a.eq(wa_valid & operands_ready(wa, row_a, c_a, arrived.bit_select(row_a, 1), garr_fma.data) & ~freeze),
             go_b.eq(~go_a & wb_valid & ~b_done & (wb.row_base != wa.row_base) &
-                    operands_ready(wb, row_b, c_b, arr_rd_b.data, garr_fma_b.data) & ~freeze),
+                    operands_ready(wb, row_b, c_b, arrived.bit_select(row_b, 1), garr_fma_b.data) & ~freeze),
             # Lines k and k+1 of one row sit in different scratchpad banks (slots are aligned).
-            pair_a.eq(go_a & (wa_k + 2 <= wa.lines) & operands_ready(wa, row_a1, c_a1, arr_rd_a1.data,
+            pair_a.eq(go_a & (wa_k + 2 <= wa.lines) & operands_ready(wa, row_a1, c_a1, arrived.bit_select(row_a1, 1),
                                                                      garr_fma_a1.data)),
-            pair_b.eq(go_b & (wb_k + 2 <= wb.lines) & operands_ready(wb, row_b1, c_b1, arr_rd_b1.data,
+            pair_b.eq(go_b & (wb_k + 2 <= wb.lines) & operands_ready(wb, row_b1, c_b1, arrived.bit_select(row_b1, 1),
                                                                      garr_fma_b1.data)),
             fma_go.eq(go_a | go_b),
             pair_go.eq(pair_a | pair_b),
@@ -1510,6 +1548,6 @@ class UpdateEngine(wiring.Component):
         with m.If(state == Main.INIT):
             m.d.comb += [tag_wp.addr.eq(init_ctr), tag_wp.data.eq(0), tag_wp.en.eq((1 << W) - 1),
                          slot_wp.addr.eq(init_ctr), slot_wp.data.as_value().eq(0), slot_wp.en.eq(1),
-                         arr_clr.addr.eq(init_ctr), arr_clr.en.eq(1),
+                         arr_clr_mask.eq((1 << SL) - 1),
                          garr_clr.addr.eq(init_ctr), garr_clr.en.eq(1)]
         return m
