@@ -70,7 +70,9 @@ waves: install
 
 # The main job today: CXL.mem read efficiency, CXL.cache push efficiency, a
 # 20k-transaction stress with its simulation speed, the checkpoint overhead on rm1 and
-# rm4, and an rm1 engine run (batch 512) with its simulation speed, JSON in build/bench.json.
+# rm4 at batch 64 and 512, an rm1 engine run (batch 512) with its simulation speed, and
+# the engine figures of rm1-rm4 with and without the row cache (issue 15), JSON in
+# build/bench.json (about 55 min on 2 cores).
 bench: install
 	$(TCXL) bench --json build/bench.json
 
