@@ -142,3 +142,6 @@ def test_checkpoint_overhead_rtl(harness, tmp_path):
         assert b["log"] > 0 and b["mlp_log_probe"] > 0 and b["update_ckpt"] >= b["update_plain"] * 0.9
         assert b["t_none"] < b["t_cxl_b"] <= b["t_cxl_d"]
     assert r["overhead_cxl_d"] >= r["overhead_cxl_b"] >= r["overhead_cxl_b_emb_only"] > 0
+    # LOG's media floor is a lower bound of LOG's time: a LOG faster than it means a wrong floor.
+    assert 0 < r["log_floor_efficiency"] <= 1, r
+    assert r["overhead_cxl_b_emb_only_at_log_floor"] <= r["overhead_cxl_b_emb_only"], r

@@ -334,7 +334,8 @@ def main(argv=None) -> int:
                    help="measured batches per checkpoint-overhead run (after one warm-up batch)")
     b.add_argument("--overhead-runs", type=_model_batches, default="rm1:64,rm1:512,rm4:64,rm4:512",
                    metavar="MODEL:B,...",
-                   help="checkpoint-overhead runs (keys checkpoint_overhead_{cxl_b,cxl_d,cxl_b_emb_only}_MODEL_bB; "
+                   help="checkpoint-overhead runs (keys checkpoint_overhead_{cxl_b,cxl_d,cxl_b_emb_only,"
+                        "cxl_b_emb_only_at_log_floor}_MODEL_bB and checkpoint_log_floor_efficiency_MODEL_bB; "
                         "'' skips them)")
     b.add_argument("--overhead-rows-cap", type=positive_int, default=4096,
                    help="rows cap of the checkpoint-overhead runs")
