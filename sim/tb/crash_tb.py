@@ -5,9 +5,12 @@
 ``phases`` (each round shuffled by ``rng``), so every phase is aimed at once per round:
 
 - ``lookup``, ``logging``, ``update``: the cut comes a random number of cycles after the
-  command is submitted in the target batch (uniform below the shortest of the phase's last
-  4 measured durations); ``mlp_log``: the same, counted from the MLP_LOG's first media write
-  (the FREE record of its slot), since it waits in the ring behind the LOG.
+  command's submission (ring write and doorbell, as long as the last one took) ended in the
+  target batch: uniform below the shortest of the phase's last 4 engine durations (for the
+  first LOG after a power-up, after its dedup-set clear). One batch is trained without a
+  cut before the first point, so every duration is measured; ``mlp_log``: the same,
+  counted from the MLP_LOG's first media write (the FREE record of its slot), since it
+  waits in the ring behind the LOG.
 - ``flag_write``: the cut lands 1..WR_LAT+9 cycles after the media accepted the write of
   a persistent flag (LOG's LOGGED record, UPDATE's APPLIED record or MLP_LOG's MLP_LOGGED
   record, picked at random): while that write is in flight (torn) or just durable. A delay
@@ -57,7 +60,6 @@ import cocotb
 from cocotb.triggers import ClockCycles, Event, RisingEdge, Timer
 
 from hw.checkpoint.log_format import RECORD_LINE_APPLIED, RECORD_LINE_LOGGED
-from hw.checkpoint.undo_log import UndoLogEngine
 from hw.mem.port import split_line_address
 from hw.ndp.command import NdpError
 from sim.env import CLOCK_PERIOD_NS, DeviceEnv
@@ -132,8 +134,9 @@ class CrashCampaign:
 
     # ---- planning
     def estimate(self, phase: str) -> int:
-        """The shortest of the phase's last 4 commands: a cut drawn below it lands inside the
-        command (the first LOG after a power-up is longer, it also clears the dedup set)."""
+        """The shortest of the phase's last 4 commands, in engine cycles (descriptor fetch to
+        the completion write; a LOG's dedup-set clear not counted): a cut drawn below it,
+        counted from the end of the submission, lands inside the command."""
         recent = self.run.recent_cycles.get(phase)
         return max(1, min(recent) if recent else DEFAULT_ESTIMATE)
 
@@ -145,11 +148,11 @@ class CrashCampaign:
         batch = run.next_batch + rng.randrange(2 if run.mlp_spread == 1 else run.mlp_spread + 1)
         if aim == "recovery":
             aim_first = rng.choice(COMMAND_PHASES)
-            return CutPlan("recovery", batch, aim_first, delay=self._delay(aim_first))
+            return CutPlan("recovery", batch, aim_first, delay=self._command_delay(aim_first, batch))
         if aim == "mlp_log":           # from its start: the FREE record of its own slot
             return CutPlan(aim, batch, aim, watch_line="own", nth=1, extra=self._delay(aim))
         if aim in COMMAND_PHASES:
-            return CutPlan(aim, batch, aim, delay=self._delay(aim))
+            return CutPlan(aim, batch, aim, delay=self._command_delay(aim, batch))
         slot_base = run.region.slot_base(batch & 1)
         # The MLP slot is chosen when the batch's logs are submitted; resolved in the hook.
         choices = {"flag_write": [("logging", slot_base + RECORD_LINE_LOGGED, 2),
@@ -162,6 +165,16 @@ class CrashCampaign:
 
     def _delay(self, phase: str) -> int:
         return self.rng.randrange(self.estimate(phase))
+
+    def _command_delay(self, phase: str, batch: int) -> int:
+        """Cycles from the hook to a cut inside command ``phase`` of ``batch``. The hook runs
+        before the submission (a cut inside it lands in idle); the first LOG after a power-up
+        first clears its dedup set, which writes nothing, so the cut comes after the clear."""
+        run = self.run
+        delay = run.submit_cycles + self._delay(phase)
+        if phase == "logging" and batch == run.next_batch and run.log_clear_pending:
+            delay += run.log_clear_cycles
+        return delay
 
     # ---- cutting
     def hook_for(self, plan: CutPlan, fire):
@@ -190,7 +203,7 @@ class CrashCampaign:
             base = media.watch_count()
             # The first LOG after a power-up also clears the dedup set (one set per cycle), which
             # the recent durations of a steady run do not show.
-            clear = self.env.config.log_set_entries // UndoLogEngine.WAYS
+            clear = self.run.log_clear_cycles
             limit = 4 * (self.estimate("logging") + self.estimate("mlp_log") + self.estimate(plan.hook_phase)) \
                 + WATCH_SLACK + clear
             for _ in range(limit):
@@ -290,6 +303,10 @@ class CrashCampaign:
         return True
 
     async def run_all(self) -> dict:
+        if not self.run.recent_cycles:
+            # One batch without a cut measures every command's duration and the submission's,
+            # so that the first point aimed at a phase lands in it.
+            await self.run.train(self.run.next_batch + 1)
         for i in range(self.points):
             watchdog = cocotb.start_soon(self._watchdog(i))
             try:
