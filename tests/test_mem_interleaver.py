@@ -6,7 +6,8 @@ AR is accepted and a write applied only when its B is accepted (the latest AXI a
 missing read-after-write wait would show). Checks: each request gets exactly one response, on
 its own port with its own ctx; read data is the line's state after the last write accepted
 before the read (or newer), across ports in acceptance order; the media end up in the
-reference state under the line % N mapping; several requests enter per cycle.
+reference state under the device's line-to-channel mapping (hw/mem/port.py); several
+requests enter per cycle.
 """
 import hashlib
 import random
@@ -150,7 +151,7 @@ def run(seed, *, requests, always_ready=False, latency=(1, 12), read_ids=8, cycl
                 if offering[p] and ctx.get(c.req.ready):
                     k, (w, line, data, strb, poison) = todo[p].popleft()
                     offering[p] = False
-                    channels_used.append(line % CHANNELS)
+                    channels_used.append(split_line_address(line, CHANNELS)[0])
                     v = state(line)
                     if w:
                         v.append((merge(v[-1][0], data, strb), poison))

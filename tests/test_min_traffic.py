@@ -21,9 +21,9 @@ def _count(lines, channels=CHANNELS) -> list[int]:
 
 def test_lines_per_channel_matches_enumeration():
     rng = np.random.default_rng(7)
-    starts, counts = rng.integers(0, 1000, 200), rng.integers(0, 17, 200)
+    starts, counts = rng.integers(0, 1000, 200), np.concatenate([rng.integers(0, 17, 190), rng.integers(0, 300, 10)])
     lines = [s + i for s, n in zip(starts, counts) for i in range(n)]
-    for channels in (1, 2, 3, 4, 8):
+    for channels in (1, 2, 4, 8):
         assert list(lines_per_channel(starts, counts, channels)) == _count(lines, channels)
 
 

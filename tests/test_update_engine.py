@@ -30,8 +30,9 @@ VARIANTS = {"update_engine": (1024, "compact"), "update_engine_small": (64, "com
             "update_engine_deep": (1024, "deep")}
 TESTS = {
     "update_engine": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow", "test_errors",
-                      "test_media_error", "test_perf"],
-    "update_engine_small": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow"],
+                      "test_media_error", "test_perf", "test_one_index_bags_zipf"],
+    "update_engine_small": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow",
+                            "test_one_index_bags_zipf"],
     # the 12-cycle FMA: hot rows exercise the longer same-line hazard window and forwarding
     "update_engine_deep": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow"],
 }

@@ -679,3 +679,16 @@ async def test_perf(dut):
             json.dump(figures, f)
     assert figures["hot_row_dim16_marginal"] < 5.5, figures
     assert figures["random_dim16_marginal"] < 4.5, figures
+
+
+@cocotb.test()
+async def test_one_index_bags_zipf(dut):
+    """rm4's shape: many dim-16 tables, one index per bag, Zipf-skewed rows, a batch of 512
+    whose distinct rows overflow the scratchpad: hot rows hit while their fills and the
+    victims' write-backs are in flight."""
+    bench, rng = await setup(dut, model=os.environ.get("UE_MEM_MODEL", "random"), seed_offset=7)
+    wl = Workload(bench, [(1500, 16, "sum")] * 10, rng)
+    zipf = np.minimum(rng.zipf(1.15, size=1 << 16) - 1, 1499)
+    pos = iter(range(1 << 30))
+    args = wl.batch(512, lambda t, b: 1, lambda t, n: [int(zipf[next(pos) % zipf.size]) for _ in range(n)])
+    await run_and_check(bench, wl, args, "one-index bags, Zipf rows", exact_traffic=False)

@@ -181,6 +181,8 @@ def run_embedding(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = write_trace(pathlib.Path(tmp) / "trace.npz", trace)
         env = {"TCXL_SEED": str(args.seed), "TCXL_TRACE": str(trace_path), "TCXL_RUN_OUT": args.out}
+        if getattr(args, "media_timeline", None):
+            env["TCXL_MEDIA_TIMELINE"] = str(args.media_timeline)
         print(f"{len(trace.batches)} batches (LOOKUP + UPDATE each)", file=sys.stderr, flush=True)
         try:
             result = run_harness_test("embedding_run", env, "sim.tb.ndp_run_tb", config=cfg)
@@ -238,6 +240,12 @@ def cmd_run(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_result(result))
+    if args.media_timeline and result.get("batches"):
+        from sim.bfm.media_timeline import format_timeline
+        last = result["batches"][-1]
+        for phase in ("lookup", "update"):
+            print(f"\nbatch {last['batch']} {phase.upper()}: media occupancy per {args.media_timeline} cycles")
+            print(format_timeline(last.get(f"media_timeline_{phase}") or []))
     if args.json:
         write_json(args.json, result)
     return 0 if result["verified"] else 1
@@ -271,5 +279,9 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                    help="each lookup unit's row cache in 64-byte lines (hw/config.py lookup_cache_lines; "
                         "0 = none, the paper's design; default: the device's, 1024; another value is another "
                         "Verilator build)")
+    p.add_argument("--media-timeline", type=positive_int, default=None, metavar="CYCLES",
+                   help="sample each channel's media occupancy every CYCLES cycles during every command: "
+                        "the JSON's batches carry media_timeline_lookup/_update, and the last batch's are "
+                        "printed as bar charts (sim/bfm/media_timeline.py)")
     p.set_defaults(func=cmd_run)
     return p

@@ -554,11 +554,14 @@ class Backdoor:
         self.channels = env.config.channels
 
     def _per_channel(self, start: int, count: int):
-        """(channel, local first line, rows of the range) for each channel with lines in it."""
+        """(channel, local first line, rows of the range) for each channel with lines in it.
+        A range's lines on one channel are consecutive local lines (each aligned group of N
+        lines puts one line on every channel; hw/mem/port.py)."""
+        channel, local = split_line_address(np.arange(start, start + count, dtype=np.int64), self.channels)
         for ch in range(self.channels):
-            first = (ch - start) % self.channels
-            if first < count:
-                yield ch, (start + first) // self.channels, slice(first, count, self.channels)
+            rows = np.flatnonzero(channel == ch)
+            if rows.size:
+                yield ch, int(local[rows[0]]), rows
 
     def write_array(self, start: int, values: np.ndarray) -> None:
         """The bytes of ``values`` (any little-endian numpy array, e.g. fp32 rows or u32
@@ -580,7 +583,7 @@ class Backdoor:
         """Lines start..start+count-1 as a (count, 64) uint8 array."""
         out = np.empty((count, LINE_BYTES), dtype=np.uint8)
         for ch, local, rows in self._per_channel(start, count):
-            out[rows] = self.env.media[ch].read_lines(local, len(range(count)[rows]))
+            out[rows] = self.env.media[ch].read_lines(local, rows.size)
         return out
 
     def write_lines(self, start: int, values: Sequence[int]) -> None:

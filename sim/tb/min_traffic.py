@@ -26,18 +26,30 @@ from __future__ import annotations
 
 import numpy as np
 
+from hw.mem.port import split_line_address
 from sim.bfm.ndp_host import lines_for
 
 
 def lines_per_channel(starts, counts, channels: int) -> np.ndarray:
-    """How many lines of the ranges [start, start + count) fall on each channel (round-robin
-    line interleave); an array of ``channels`` counts."""
+    """How many lines of the ranges [start, start + count) fall on each channel (the device's
+    interleave, hw/mem/port.py); an array of ``channels`` counts. Every whole aligned group of
+    N lines puts one line on each channel; only the partial groups at a range's two ends
+    (fewer than 2N lines each) are mapped line by line."""
     s = np.asarray(starts, dtype=np.int64).reshape(-1)
     n = np.asarray(counts, dtype=np.int64).reshape(-1)
-    out = np.zeros(channels, dtype=np.int64)
-    for c in range(channels):
-        first = (c - s) % channels                   # offset of the range's first line on channel c
-        out[c] = np.maximum(0, (n - first + channels - 1) // channels).sum()
+    keep = n > 0
+    s, e = s[keep], s[keep] + n[keep]
+    lo = -(-s // channels) * channels                 # first group boundary at or after start
+    hi = e // channels * channels                     # last group boundary at or before end
+    whole = lo < hi
+    out = np.full(channels, int(((hi - lo)[whole] // channels).sum()), dtype=np.int64)
+    # The lines outside whole groups: [s, lo) and [hi, e) where a whole group exists, else [s, e).
+    parts = [(s[whole], lo[whole]), (hi[whole], e[whole]), (s[~whole], e[~whole])]
+    for a, b in parts:
+        for k in range(2 * channels):
+            lines = a[a + k < b] + k
+            if lines.size:
+                out += np.bincount(split_line_address(lines, channels)[0], minlength=channels)
     return out
 
 

@@ -27,7 +27,9 @@ same cycles against the least traffic the command needs (sim/tb/min_traffic.py).
 
 The cocotb test ``embedding_run`` (driven by ``trainingcxl run``, tools/run_cmd.py) reads:
 TCXL_TRACE (trace file), TCXL_RUN_OUT (device | host), TCXL_RESULT_JSON, TCXL_SEED (the
-seed of the tables and gradients; the trace has its own), TCXL_RING_SLOTS (optional).
+seed of the tables and gradients; the trace has its own), TCXL_RING_SLOTS (optional),
+TCXL_MEDIA_TIMELINE (optional, a window in cycles: each batch's figures then carry
+``media_timeline_lookup`` / ``_update``, sim/bfm/media_timeline.py).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ import cocotb
 import numpy as np
 
 from hw.ndp.command import NdpOpcode
+from sim.bfm.media_timeline import MediaTimeline
 from sim.bfm.ndp_host import (HostMemorySide, MediaCounters, NdpHost, lookup_command, plan_layout,
                               tables_from_manifest, update_command)
 from sim.env import DeviceEnv
@@ -114,7 +117,8 @@ def _first_mismatches(expected: np.ndarray, got: np.ndarray, label) -> list[str]
 
 class EmbeddingRun:
     def __init__(self, env, manifest: dict, layout, *, out: str = "device", verify_tables: str = "touched",
-                 host_memory: HostMemorySide | None = None, timeout_scale: float = 1.0):
+                 host_memory: HostMemorySide | None = None, timeout_scale: float = 1.0,
+                 timeline_window: int | None = None):
         if out not in ("device", "host"):
             raise ValueError(f"out must be 'device' or 'host', got {out!r}")
         if out == "host" and host_memory is None:
@@ -137,6 +141,7 @@ class EmbeddingRun:
         self.row_cache = env.config.lookup_cache_lines > 0
         self.batches: list[dict] = []
         self._tag = 0
+        self.timeline = MediaTimeline(env, timeline_window, *self.costs) if timeline_window else None
 
     async def setup(self, tables: list[np.ndarray] | None = None) -> None:
         self.golden = [t.copy() for t in (tables if tables is not None else
@@ -163,9 +168,14 @@ class EmbeddingRun:
         return int(self.timeout_scale * (200_000 + 60 * row_lines + 8 * self.layout.grads.lines))
 
     async def measured(self, cmd, timeout: int):
-        """Execute ``cmd``; return (completion, per-channel media (reads, writes) or None)."""
+        """Execute ``cmd``; return (completion, per-channel media (reads, writes) or None).
+        With a ``timeline_window``, ``self.last_timeline`` holds the command's MediaTimeline rows."""
         before = self.driver.media.sample()
+        if self.timeline is not None:
+            self.timeline.start()
         completion = await self.driver.execute(cmd, timeout_cycles=timeout)
+        if self.timeline is not None:
+            self.last_timeline = await self.timeline.stop()
         return completion, MediaCounters.delta(before, self.driver.media.sample())
 
     def bound(self, completion, media) -> tuple[float, str]:
@@ -193,6 +203,7 @@ class EmbeddingRun:
         timeout = self.timeout_for(n)
 
         lookup, media_l = await self.measured(self.lookup_cmd(n), timeout)
+        timeline_l = self.last_timeline if self.timeline is not None else None
         got = self.driver.read_outputs(self.host_out_line, from_host=self.out == "host")
         want = embedding.tbe_forward(self.golden, batch.offsets, batch.indices, self.modes, B, batch.weights)
         problems = []
@@ -234,6 +245,8 @@ class EmbeddingRun:
             "lookup_stats": lookup.stats, "update_stats": update.stats,
             "media_lookup": media_l, "media_update": media_u, "bound_source": source,
         }
+        if self.timeline is not None:
+            figures.update({"media_timeline_lookup": timeline_l, "media_timeline_update": self.last_timeline})
         self.batches.append(figures)
         return figures
 
@@ -356,7 +369,8 @@ async def embedding_run(dut):
     env = await DeviceEnv.create(dut)
     layout = plan_for_trace(env, trace, out, int(os.environ.get("TCXL_RING_SLOTS", "16")))
     host = HostMemorySide(env, host_output_base(env), 1 << 20) if out == "host" else None
-    run = EmbeddingRun(env, trace.manifest, layout, out=out, host_memory=host)
+    window = int(os.environ.get("TCXL_MEDIA_TIMELINE", "0")) or None
+    run = EmbeddingRun(env, trace.manifest, layout, out=out, host_memory=host, timeline_window=window)
     result = {"seed": env.seed, "verified": False, "batches": []}
     n = len(trace.batches)
     try:
