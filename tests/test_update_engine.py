@@ -23,16 +23,19 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-ADDR_BITS = 16
-CAPACITY = 60000                     # not a power of two: the range checks compare exactly
+# The build's address space; UE_TEST_ADDR_BITS / UE_TEST_CAPACITY replay a device layout (a
+# separate build: the Verilog is keyed on them).
+ADDR_BITS = int(os.environ.get("UE_TEST_ADDR_BITS", "16"))
+CAPACITY = int(os.environ.get("UE_TEST_CAPACITY", "60000"))   # not a power of two: the range checks compare exactly
 # variant -> (scratch lines, FP32 pipeline)
 VARIANTS = {"update_engine": (1024, "compact"), "update_engine_small": (64, "compact"),
             "update_engine_deep": (1024, "deep")}
 TESTS = {
     "update_engine": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow", "test_errors",
-                      "test_media_error", "test_perf", "test_one_index_bags_zipf"],
+                      "test_media_error", "test_perf", "test_rm4_trace",
+                      "test_tag_conflicts_under_backpressure"],
     "update_engine_small": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow",
-                            "test_one_index_bags_zipf"],
+                            "test_rm4_trace", "test_tag_conflicts_under_backpressure"],
     # the 12-cycle FMA: hot rows exercise the longer same-line hazard window and forwarding
     "update_engine_deep": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow"],
 }

@@ -7,15 +7,24 @@ as a raw rising-edge callback (values read there are the pre-edge ones, as in si
   it records ``done`` (error, error_info, stats) and the cycles from start to done.
 - the memory subsystem (hw/mem/port.py guarantees): a numpy array of lines. A write updates
   the array when accepted; a read returns the line as it is when accepted, so a read accepted
-  after a write to the same line sees it. Each response waits a random latency (the "random"
-  model: 20..150 cycles, so responses come back out of order; req.ready drops at random) or
-  a PMEM-like one (the "pmem" model: ~120-cycle reads, writes retired at 0.32 per cycle, at
-  most 256 reads / 128 writes outstanding). Reads of lines in ``poison`` come back poisoned.
+  after a write to the same line sees it, and is answered after that write's response (as the
+  device's channel master holds it). Each response waits a random latency (the "random"
+  model: 20..150 cycles, UE_MAX_LAT / UE_MAX_WR_LAT raise the bounds, so responses come back
+  out of order; req.ready drops at random), a PMEM-like one (the "pmem" model: ~120-cycle
+  reads, writes retired at 0.32 per cycle, at most 256 reads / 128 writes outstanding) or the
+  device's channels (the "channels" model: 4 channels mapped as hw/mem/port.py maps lines,
+  each serving in order at the media's occupancy, 2.08 cycles a read and 12.5 a write, with a
+  120 / 280-cycle latency, 64 reads and 32 writes outstanding per channel, and the request
+  stream held while its head's channel is full). Reads of lines in ``poison`` come back
+  poisoned.
 
 Every command's result is compared bit for bit (NaN == NaN) with sim.model.embedding's
 ``tbe_sgd_step`` on a host copy of the tables; stats are checked against the traffic the
 memory saw. Environment: UE_ADDR_BITS, UE_CAPACITY, UE_SCRATCH (the build's parameters),
-TCXL_SEED (replay), UE_PERF_JSON (the perf test writes its figures there).
+TCXL_SEED (replay), UE_PERF_JSON (the perf test writes its figures there); test_rm4_trace
+also reads UE_MEM_MODEL (default channels), UE_ROWS_CAP (400) and UE_TABLE_BASE (the first
+table's line, 64; the device's layout puts rm4's at 30037 with rows cap 4096, which needs a
+build with UE_TEST_ADDR_BITS=18 UE_TEST_CAPACITY=262144, tests/test_update_engine.py).
 """
 from __future__ import annotations
 
@@ -93,6 +102,11 @@ class Bench:
         self.reads_out = 0
         self.writes_out = 0
         self.write_free_at = 0.0            # pmem model: when the media can retire the next write
+        self.channel_free = [0.0] * 4       # channels model: when each channel's media is free
+        self.ready_p = 0.8                  # random model: how often req.ready is high
+        self.channel_last_due: dict = {}
+        self.ch_out = {(c, w): 0 for c in range(4) for w in (False, True)}
+        self.rd_driven_ch = self.wr_driven_ch = 0
         self.tables: list[int] = []         # packed descriptors the processor serves
         self.last_index = -1
         self.pending_cmd: int | None = None
@@ -108,6 +122,7 @@ class Bench:
         self.writes_by_line: dict[int, int] = {}
         self.reads_by_line: dict[int, int] = {}
         self.max_reads_out = 0
+        self.write_due: dict[int, int] = {}       # line -> its last write's response cycle
 
     # ---------------------------------------------------------------- per-cycle step --
     def start(self):
@@ -128,10 +143,29 @@ class Bench:
             return
         self._cb = self._register_cb(self._clk, self._on_edge, self._rising)
 
+    @staticmethod
+    def _channel(addr: int) -> int:
+        from hw.mem.port import split_line_address
+        return split_line_address(addr, 4)[0]
+
+    def _channel_due(self, addr: int, cyc: int, write: bool) -> int:
+        """The "channels" model: 4 channels as the device maps lines (hw/mem/port.py), each
+        serving in order at PMEM's occupancy (2.08 cycles a read, 12.5 a write) with a 120 /
+        280-cycle latency from the start of service."""
+        from hw.mem.port import split_line_address
+        ch = split_line_address(addr, 4)[0]
+        start = max(cyc, self.channel_free[ch])
+        self.channel_free[ch] = start + (12.5 if write else 533 / 256)
+        due = int(start) + (280 if write else 120)
+        key = (ch, write)
+        due = max(due, self.channel_last_due.get(key, 0))
+        self.channel_last_due[key] = due
+        return due
+
     def _latency(self, write: bool) -> int:
         if self.model == "pmem":
             return 120 + self.rng.randrange(8) if not write else 280 + self.rng.randrange(8)
-        return self.rng.randrange(20, 151)
+        return self.rng.randrange(20, int(os.environ.get("UE_MAX_WR_LAT" if write else "UE_MAX_LAT", "150")) + 1)
 
     def step(self):
         self.cycle += 1
@@ -171,13 +205,24 @@ class Bench:
                 if self.model == "pmem":          # the media retire 0.32 writes per cycle
                     self.write_free_at = max(self.write_free_at, cyc) + 1 / 0.32
                     due = max(due, int(self.write_free_at))
+                elif self.model == "channels":
+                    due = self._channel_due(addr, cyc, True)
+                self.write_due[addr] = due
                 self.n += 1
-                heapq.heappush(self.wr_pending, (due, self.n, (f["ctx"], addr in self.write_errors)))
+                ch = self._channel(addr)
+                self.ch_out[(ch, True)] += 1
+                heapq.heappush(self.wr_pending, (due, self.n, (f["ctx"], addr in self.write_errors, ch)))
                 self.writes_out += 1
             else:
                 self.n += 1
-                heapq.heappush(self.rd_pending, (cyc + self._latency(False), self.n,
-                                                 (f["ctx"], line_to_int(self.mem[addr]), addr in self.poison)))
+                # As the device's channel master: a read of a line with a write in flight is
+                # answered after that write's response (its data is the write's either way).
+                due = max(self._channel_due(addr, cyc, False) if self.model == "channels"
+                          else cyc + self._latency(False), self.write_due.get(addr, 0) + 1)
+                heapq.heappush(self.rd_pending, (due, self.n,
+                                                 (f["ctx"], line_to_int(self.mem[addr]), addr in self.poison,
+                                                  self._channel(addr))))
+                self.ch_out[(self._channel(addr), False)] += 1
                 self.lines_read += 1
                 self.reads_by_line[addr] = self.reads_by_line.get(addr, 0) + 1
                 self.reads_out += 1
@@ -186,9 +231,11 @@ class Bench:
         if self.rd_driven and self.h_rd_ready.get_signal_val_long():
             self.rd_driven = False
             self.reads_out -= 1
+            self.ch_out[(self.rd_driven_ch, False)] -= 1
         if self.wr_driven and self.h_wr_ready.get_signal_val_long():
             self.wr_driven = False
             self.writes_out -= 1
+            self.ch_out[(self.wr_driven_ch, True)] -= 1
         while self.rd_pending and self.rd_pending[0][0] <= cyc:
             self.rd_due.append(heapq.heappop(self.rd_pending)[2])
         while self.wr_pending and self.wr_pending[0][0] <= cyc:
@@ -197,7 +244,7 @@ class Bench:
             if self.rd_due:
                 k = rng.randrange(len(self.rd_due))
                 self.rd_due[k], self.rd_due[-1] = self.rd_due[-1], self.rd_due[k]
-                ctx, data, poison = self.rd_due.pop()
+                ctx, data, poison, self.rd_driven_ch = self.rd_due.pop()
                 self.h_rd_payload.set_signal_val_binstr(
                     0, format(RD.pack(data=data, poison=int(poison), error=0, ctx=ctx), f"0{RD.width}b"))
                 self.h_rd_valid.set_signal_val_int(0, 1)
@@ -208,16 +255,22 @@ class Bench:
             if self.wr_due:
                 k = rng.randrange(len(self.wr_due))
                 self.wr_due[k], self.wr_due[-1] = self.wr_due[-1], self.wr_due[k]
-                ctx, error = self.wr_due.pop()
+                ctx, error, self.wr_driven_ch = self.wr_due.pop()
                 self.h_wr_payload.set_signal_val_int(0, WR.pack(error=int(error), ctx=ctx))
                 self.h_wr_valid.set_signal_val_int(0, 1)
                 self.wr_driven = True
             else:
                 self.h_wr_valid.set_signal_val_int(0, 0)
         # ---- memory: accept a request in the next cycle?
-        ready = int(self.reads_out < 256 and self.writes_out < 128)
+        ready = int(self.reads_out < 256 and self.writes_out < (256 if self.model == "channels" else 128))
+        if ready and self.model == "channels" and self.h_req_valid.get_signal_val_long():
+            # As the device's channel masters: 64 reads / 32 writes outstanding per channel,
+            # and the single request stream waits while its head's channel is full.
+            f = REQ.unpack(int(self.h_req_payload.get_signal_val_binstr(), 2))
+            w = bool(f["write"])
+            ready = int(self.ch_out[(self._channel(f["addr"]), w)] < (32 if w else 64))
         if ready and self.model == "random":
-            ready = int(rng.random() < 0.8)
+            ready = int(rng.random() < self.ready_p)
         if ready != self.req_ready:
             self.h_req_ready.set_signal_val_int(0, ready)
             self.req_ready = ready
@@ -682,13 +735,48 @@ async def test_perf(dut):
 
 
 @cocotb.test()
-async def test_one_index_bags_zipf(dut):
-    """rm4's shape: many dim-16 tables, one index per bag, Zipf-skewed rows, a batch of 512
-    whose distinct rows overflow the scratchpad: hot rows hit while their fills and the
-    victims' write-backs are in flight."""
-    bench, rng = await setup(dut, model=os.environ.get("UE_MEM_MODEL", "random"), seed_offset=7)
-    wl = Workload(bench, [(1500, 16, "sum")] * 10, rng)
-    zipf = np.minimum(rng.zipf(1.15, size=1 << 16) - 1, 1499)
-    pos = iter(range(1 << 30))
-    args = wl.batch(512, lambda t, b: 1, lambda t, n: [int(zipf[next(pos) % zipf.size]) for _ in range(n)])
-    await run_and_check(bench, wl, args, "one-index bags, Zipf rows", exact_traffic=False)
+async def test_tag_conflicts_under_backpressure(dut):
+    """Rows of one tag set while the memory port accepts a request one cycle in ten: the miss
+    queue is full when a conflict miss picks its victim, so the manager waits in CONF_CHK with
+    the victim's slot record. (It once read the CLOCK hand's record there instead and wrote a
+    row back to another row's address.)"""
+    bench, rng = await setup(dut, seed_offset=9)
+    bench.ready_p = 0.1
+    wl = Workload(bench, [(20000, 16, "sum")], rng)
+    base = wl.descs[0]["base_addr"]
+    target = tag_set_of(base + 1)
+    same_set = [r for r in range(20000) if tag_set_of(base + r) == target][:24]
+    spread = [int(r) for r in rng.choice(20000, 4000, replace=False)]
+    args = wl.batch(128, lambda t, b: 8,
+                    lambda t, n: [int(rng.choice(same_set)) if rng.random() < 0.5 else int(rng.choice(spread))
+                                  for _ in range(n)])
+    res = await run_and_check(bench, wl, args, "tag set conflicts, stalled port", exact_traffic=False)
+    assert res["stats"]["rows_read"] > len(same_set), res["stats"]
+
+
+@cocotb.test()
+async def test_rm4_trace(dut):
+    """A batch of the rm4 preset's own trace (52 tables, 4 to 512 rows each after the cap,
+    one index per bag, Zipf rows): tiny tables make rows that every bag updates."""
+    from sim.model.dlrm import get_preset
+    from sim.model.trace import TraceKnobs, generate_trace
+    bench, rng = await setup(dut, model=os.environ.get("UE_MEM_MODEL", "channels"), seed_offset=8)
+    tr = generate_trace(get_preset("rm4"), 1, SEED, TraceKnobs(rows_cap=int(os.environ.get("UE_ROWS_CAP", "400")),
+                                                               batch_size=512))
+    b = tr.batches[0]
+    B = tr.batch_size
+    wl = Workload(bench, [(t["rows"], t["dim"], "sum") for t in tr.manifest["tables"]], rng,
+                  base=int(os.environ.get("UE_TABLE_BASE", "64")))
+    off = b.offsets.astype(np.int64)
+    args = wl.batch(B, lambda t, k: int(off[t * B + k + 1] - off[t * B + k]),
+                    lambda t, n, it={}: [int(b.indices[p]) for p in _next_bag(it, off, t, B, n)])
+    await run_and_check(bench, wl, args, "rm4 trace", exact_traffic=False)
+
+
+def _next_bag(state: dict, off, t: int, B: int, n: int):
+    """Positions of table t's next bag (the callbacks of Workload.batch run bag by bag)."""
+    k = state.get(t, 0)
+    state[t] = k + 1
+    lo = int(off[t * B + k])
+    assert int(off[t * B + k + 1]) - lo == n
+    return range(lo, lo + n)

@@ -1271,7 +1271,12 @@ class UpdateEngine(wiring.Component):
                 m.d.comb += slot_rp.addr.eq(tw_way.slot)
                 m.d.sync += mstate.eq(Mgr.CONF_CHK)
             with m.Case(Mgr.CONF_CHK):
-                with m.If(pinned):
+                # rec is slot[tw_way.slot] (read in CONF_RD) and stays so while the manager
+                # waits for room: the read port keeps that address (not the hand's).
+                m.d.comb += slot_rp.addr.eq(tw_way.slot)
+                with m.If(slot_rd_addr != tw_way.slot):
+                    pass
+                with m.Elif(pinned):
                     m.d.sync += [rr.eq(rr + 1), mstate.eq(Mgr.CONF_RD)]
                 with m.Elif(room):
                     evict(tw_way.slot, rec, drop_tag=False)

@@ -131,6 +131,12 @@ class PmemChannel:
         value = (1 << 32) - 1 if line is None else line
         self.handle.watch_line._handle.set_signal_val_binstr(_NO_DELAY, format(value, "032b"))
 
+    def log_writes(self, on: bool = True) -> None:
+        """Print every write the media accept (local line, first data word, cycle) on the
+        simulator's standard output; replaces any ``watch``. A debugging aid."""
+        value = (1 << 32) - 2 if on else (1 << 32) - 1
+        self.handle.watch_line._handle.set_signal_val_binstr(_NO_DELAY, format(value, "032b"))
+
     def watch_count(self) -> int:
         return int(self.handle.watch_count._handle.get_signal_val_binstr(), 2)
 

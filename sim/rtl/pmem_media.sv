@@ -163,7 +163,8 @@ module pmem_media #(
     // ---------------------------------------------------------------- write watch (testbench)
     // The crash campaign (sim/tb/crash_tb.py) sets watch_line by VPI and polls watch_count, to
     // cut power just after the device issued a write to a chosen line (e.g. a log record).
-    logic [31:0] watch_line;                // local line index; all ones = none
+    logic [31:0] watch_line;                // local line index; all ones = none; all ones but
+                                            // bit 0 = log every write accepted ($display)
     logic [31:0] watch_count;               // writes accepted to watch_line
 
     initial begin
@@ -307,6 +308,8 @@ module pmem_media #(
                 wq_tail <= wq_next(wq_tail);
                 w_drain <= awlen;
                 if (32'(awaddr[ADDR_W-1:6]) == watch_line) watch_count <= watch_count + 32'd1;
+                if (watch_line == 32'hFFFF_FFFE)
+                    $display("pmem_media write %m line %0d word0 %08h cycle %0d", awaddr[ADDR_W-1:6], wdata[31:0], now);
             end else if (w_drain_fire) begin
                 w_drain <= w_drain - 8'd1;
             end
