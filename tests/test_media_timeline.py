@@ -1,5 +1,6 @@
 """sim/bfm/media_timeline.py: a window's occupancy and the text chart (pure Python; the
-sampling itself runs in every ``trainingcxl run --media-timeline`` on the RTL)."""
+sampling on the RTL is checked in tests/test_ndp.py ``test_run_command_end_to_end``: the
+windows tile each command and add up to its media counters)."""
 from __future__ import annotations
 
 import pytest

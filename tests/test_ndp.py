@@ -366,7 +366,7 @@ def test_ndp_rtl(harness, testcase):
 def test_run_command_end_to_end(harness, tmp_path, capsys):
     from tools.run_cmd import cmd_run
     out = tmp_path / "run.json"
-    args = _run_args(model="rm-tiny", batches=2, batch_size=6, seed=5, json=out)
+    args = _run_args(model="rm-tiny", batches=2, batch_size=6, seed=5, json=out, media_timeline=100)
     assert cmd_run(args) == 0, capsys.readouterr().out[-3000:]
     result = json.loads(out.read_text())
     assert result["verified"] and result["model"] == "rm-tiny" and len(result["batches"]) == 2
@@ -390,3 +390,14 @@ def test_run_command_end_to_end(harness, tmp_path, capsys):
                                                 "lookup_physical_efficiency, update_physical_efficiency",
                                                 "lookup_cache_hit_rate", "lookup_feeder_efficiency"}
     assert 0 < result["lookup_feeder_efficiency"] <= 1.0
+    # --media-timeline: the windows tile each command and their lines add up, per channel, to
+    # the media counters' delta over the command (sim/bfm/media_timeline.py).
+    for b in result["batches"]:
+        for phase in ("lookup", "update"):
+            rows, media = b[f"media_timeline_{phase}"], b[f"media_{phase}"]
+            assert rows and [r["cycle"] for r in rows] == [100 * i for i in range(len(rows))], rows
+            assert all(r["cycles"] == 100 for r in rows[:-1]) and 0 < rows[-1]["cycles"] <= 100
+            for c, (reads, writes) in enumerate(media):
+                assert sum(r["reads"][c] for r in rows) == reads, (phase, c)
+                assert sum(r["writes"][c] for r in rows) == writes, (phase, c)
+            assert all(0 <= occ <= 1 for r in rows[:-1] for occ in r["occupancy"]), rows

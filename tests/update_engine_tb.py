@@ -768,15 +768,14 @@ async def test_rm4_trace(dut):
     wl = Workload(bench, [(t["rows"], t["dim"], "sum") for t in tr.manifest["tables"]], rng,
                   base=int(os.environ.get("UE_TABLE_BASE", "64")))
     off = b.offsets.astype(np.int64)
-    args = wl.batch(B, lambda t, k: int(off[t * B + k + 1] - off[t * B + k]),
-                    lambda t, n, it={}: [int(b.indices[p]) for p in _next_bag(it, off, t, B, n)])
+    bags_taken = [0] * len(wl.tables)
+
+    def trace_bag(t: int, n: int) -> list[int]:
+        """Table t's next bag of the trace (Workload.batch asks for the bags in order)."""
+        k = bags_taken[t]
+        bags_taken[t] += 1
+        lo, hi = int(off[t * B + k]), int(off[t * B + k + 1])
+        assert hi - lo == n
+        return [int(r) for r in b.indices[lo:hi]]
+    args = wl.batch(B, lambda t, k: int(off[t * B + k + 1] - off[t * B + k]), trace_bag)
     await run_and_check(bench, wl, args, "rm4 trace", exact_traffic=False)
-
-
-def _next_bag(state: dict, off, t: int, B: int, n: int):
-    """Positions of table t's next bag (the callbacks of Workload.batch run bag by bag)."""
-    k = state.get(t, 0)
-    state[t] = k + 1
-    lo = int(off[t * B + k])
-    assert int(off[t * B + k + 1]) - lo == n
-    return range(lo, lo + n)

@@ -48,6 +48,10 @@
 //   input change, and here that cone would be the whole device. The store is called only
 //   from the clocked block: one read per edge (RDATA's refresh), one write per B handshake.
 // - Per-cycle cost is O(1); loops run only in the power-fail edge and on accepting a write.
+// - Testbench hooks (VPI, sim/rtl/harness.vlt): watch_line / watch_count count the writes
+//   accepted to one local line (the crash campaign's cuts); watch_line = 32'hFFFF_FFFE
+//   $displays every accepted write instead (local line, data word 0, cycle; a debugging aid,
+//   sim/bfm/pmem.py ``PmemChannel.log_writes``).
 `default_nettype none
 
 module pmem_media #(
@@ -308,8 +312,9 @@ module pmem_media #(
                 wq_tail <= wq_next(wq_tail);
                 w_drain <= awlen;
                 if (32'(awaddr[ADDR_W-1:6]) == watch_line) watch_count <= watch_count + 32'd1;
-                if (watch_line == 32'hFFFF_FFFE)
-                    $display("pmem_media write %m line %0d word0 %08h cycle %0d", awaddr[ADDR_W-1:6], wdata[31:0], now);
+                if (watch_line == 32'hFFFF_FFFE)      // PmemChannel.log_writes(): a debugging aid
+                    $display("pmem_media write %m line %0d word0 %08h cycle %0d",
+                             awaddr[ADDR_W-1:6], wdata[31:0], now);
             end else if (w_drain_fire) begin
                 w_drain <= w_drain - 8'd1;
             end

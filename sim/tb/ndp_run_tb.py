@@ -142,6 +142,7 @@ class EmbeddingRun:
         self.batches: list[dict] = []
         self._tag = 0
         self.timeline = MediaTimeline(env, timeline_window, *self.costs) if timeline_window else None
+        self.last_timeline: list[dict] | None = None
 
     async def setup(self, tables: list[np.ndarray] | None = None) -> None:
         self.golden = [t.copy() for t in (tables if tables is not None else
