@@ -38,11 +38,12 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, Timer
 
-from hw.mem.port import mem_read_response_layout, mem_request_layout, mem_write_response_layout
+from hw.mem.port import mem_read_response_layout, mem_request_layout, mem_write_response_layout, split_line_address
 from hw.ndp.command import AddressFault, CommandDescriptor, EngineStats, NdpError, PoolMode, TableDescriptor
 from hw.ndp.update import UpdateEngine
 from sim.model import embedding, fp32_ref
 from sim.model.codec import StructCodec
+from sim.model.pmem_params import media_verilog_parameters
 
 ADDR_BITS = int(os.environ.get("UE_ADDR_BITS", "16"))
 CAPACITY = int(os.environ.get("UE_CAPACITY", str(1 << ADDR_BITS)))
@@ -51,6 +52,8 @@ SEED = int(os.environ.get("TCXL_SEED", "0")) or random.randrange(1, 1 << 31)
 CTX_BITS = UpdateEngine.required_ctx_bits(SCRATCH)
 MODES = {"sum": PoolMode.SUM, "mean": PoolMode.MEAN, "weighted_sum": PoolMode.WEIGHTED_SUM}
 
+# The "channels" model's media: the device's (sim/harness.py builds pmem_media with these).
+MEDIA = media_verilog_parameters(500, depth_lines=1, id_width=1, addr_width=7)
 REQ = StructCodec(mem_request_layout(ADDR_BITS, CTX_BITS))
 RD = StructCodec(mem_read_response_layout(CTX_BITS))
 WR = StructCodec(mem_write_response_layout(CTX_BITS))
@@ -145,18 +148,17 @@ class Bench:
 
     @staticmethod
     def _channel(addr: int) -> int:
-        from hw.mem.port import split_line_address
         return split_line_address(addr, 4)[0]
 
     def _channel_due(self, addr: int, cyc: int, write: bool) -> int:
         """The "channels" model: 4 channels as the device maps lines (hw/mem/port.py), each
-        serving in order at PMEM's occupancy (2.08 cycles a read, 12.5 a write) with a 120 /
-        280-cycle latency from the start of service."""
-        from hw.mem.port import split_line_address
-        ch = split_line_address(addr, 4)[0]
+        serving in order at the media model's occupancy and latency from the start of service
+        (sim/model/pmem_params.py at the device's 500 MHz: 2.08 / 12.5 cycles per read / write
+        line, 120 / 280 cycles)."""
+        ch = self._channel(addr)
         start = max(cyc, self.channel_free[ch])
-        self.channel_free[ch] = start + (12.5 if write else 533 / 256)
-        due = int(start) + (280 if write else 120)
+        self.channel_free[ch] = start + MEDIA["WR_COST_Q8" if write else "RD_COST_Q8"] / 256
+        due = int(start) + MEDIA["WR_LAT" if write else "RD_LAT"]
         key = (ch, write)
         due = max(due, self.channel_last_due.get(key, 0))
         self.channel_last_due[key] = due
