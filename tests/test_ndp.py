@@ -45,12 +45,13 @@ def test_layout_regions_are_disjoint_ordered_and_inside_memory():
     assert lay.sq.lines == lay.cq.lines == 16 and lay.table_descs.lines == 4
     assert lay.offsets.lines == lines_for(4 * 8 + 1) == 3
     assert lay.indices.lines == lay.weights.lines == lines_for(300) == 19
-    assert lay.row_pitch_lines == 1 + 2 + 1 + 2
-    assert lay.grads.lines == lay.outputs.lines == 8 * 6
+    assert lay.vector_lines == 1 + 2 + 1 + 2
+    assert lay.row_pitch_lines == 7            # made odd: coprime with the power-of-two channel count
+    assert lay.grads.lines == lay.outputs.lines == 8 * 7
     assert [r.lines for r in lay.table_regions] == [1000, 1024, 257, 128]
     assert lay.col_lines == (0, 1, 3, 4)
     assert lay.row_line(1, 5) == lay.table_regions[1].base + 10
-    assert lay.vector_line(lay.outputs.base, 3, 2) == lay.outputs.base + 2 * 6 + 4
+    assert lay.vector_line(lay.outputs.base, 3, 2) == lay.outputs.base + 2 * 7 + 4
 
 
 def test_layout_without_device_outputs_or_weights():
@@ -70,7 +71,7 @@ def test_layout_too_big_names_the_sizes_and_a_rows_cap_that_fits():
     with pytest.raises(LayoutError) as e:
         plan_layout(tables, batch_size=32, max_indices=32 * 80 * 20, capacity_lines=1 << 18)
     text = str(e.value)
-    assert "needs 2627293 lines" in text and "the device has 262144 lines" in text
+    assert "needs 2627357 lines" in text and "the device has 262144 lines" in text
     cap = int(text.split("--rows-cap ")[1].split(")")[0])
     capped = [NdpTable(min(t.rows, cap), t.dim, t.mode) for t in tables]
     plan_layout(capped, batch_size=32, max_indices=32 * 80 * 20, capacity_lines=1 << 18)
@@ -131,7 +132,7 @@ def test_commands_pack_every_field():
     f = COMMAND.unpack(up.pack())
     assert f["index_count"] == 61
     assert f["opcode"] == NdpOpcode.UPDATE.value and f["tag"] == 0x1234
-    assert f["num_tables"] == 4 and f["batch_size"] == 4 and f["row_pitch_lines"] == 6
+    assert f["num_tables"] == 4 and f["batch_size"] == 4 and f["row_pitch_lines"] == 7
     assert (f["tables_addr"], f["offsets_addr"], f["indices_addr"], f["weights_addr"], f["grad_addr"]) == \
         (lay.table_descs.base, lay.offsets.base, lay.indices.base, lay.weights.base, lay.grads.base)
     assert f["lr"] == f32_bits(0.05) == int(np.float32(0.05).view(np.uint32))

@@ -116,7 +116,7 @@ class CommandDescriptor(data.Struct):
     weights_addr: DEV_ADDR_BITS
     grad_addr: DEV_ADDR_BITS     # UPDATE: pooled-output gradients [B][sum of dims]
     out_addr: LINE_ADDR_BITS     # LOOKUP: pooled outputs [B][sum of dims]
-    row_pitch_lines: 16          # lines per sample in the outputs / gradients (sum of dim/16)
+    row_pitch_lines: 16          # lines per sample in the outputs / gradients (>= the sum of dim/16)
     lr: 32                       # UPDATE: learning rate, fp32 bits
     batch: 32                    # LOG, UPDATE (flags.checkpoint), MLP_LOG: training batch number
     mlp_offset: 32               # MLP_LOG: first image line of this chunk

@@ -18,10 +18,10 @@ Pure Python (no simulator; unit-tested in tests/test_ndp.py):
   not fit).
 - Packing, always through the Amaranth layouts (``StructCodec``; no offset typed here):
   ``NdpCommand.pack()`` (CommandDescriptor), ``DeviceLayout.table_descriptors()``
-  (TableDescriptor; col_lines = prefix sum of dim/16 over the tables, row_pitch_lines = the
-  total), ``NdpCompletion.unpack(line)``. Arrays: ``array_to_lines`` / ``lines_to_array``
-  (u32 / fp32 little-endian, 16 per line, element 0 at bit 0 of the first line, the last
-  line zero-padded). ``NdpCommand.unpack(line)`` is the inverse of ``pack``.
+  (TableDescriptor; col_lines = prefix sum of dim/16 over the tables, row_pitch_lines =
+  ``row_pitch_for(tables)``, the total made odd), ``NdpCompletion.unpack(line)``. Arrays:
+  ``array_to_lines`` / ``lines_to_array`` (u32 / fp32 little-endian, 16 per line, element 0
+  at bit 0 of the first line, the last line zero-padded). ``NdpCommand.unpack(line)`` is the inverse of ``pack``.
 - Checkpoint commands (hw/ndp/command.py): ``NdpCommand`` carries ``batch``, ``mlp_offset``,
   ``mlp_count`` and the flags ``checkpoint`` / ``mlp_slot``; ``log_command(layout, batch,
   index_count=, has_weights=, tag=)`` (LOG), ``update_command(..., checkpoint_batch=k)`` (UPDATE with
@@ -238,6 +238,11 @@ class DeviceLayout:
 
     @property
     def row_pitch_lines(self) -> int:
+        return row_pitch_for(self.tables)
+
+    @property
+    def vector_lines(self) -> int:
+        """Lines of one sample's pooled vectors (the row pitch without its padding line)."""
         return sum(t.lines_per_row for t in self.tables)
 
     def regions(self) -> list[Region]:
@@ -268,8 +273,24 @@ def pack_table_descriptor(*, base_addr: int, rows: int, dim: int, mode, col_line
     return TABLE.pack(base_addr=base_addr, rows=rows, dim=dim, mode=mode, col_lines=col_lines, reserved=reserved)
 
 
-def _argument_lines(tables, batch_size, max_indices, has_weights, outputs_in_device) -> dict[str, int]:
+def row_pitch_for(tables: Sequence[NdpTable]) -> int:
+    """Lines per sample in the pooled outputs and gradients: the tables' dim/16 summed, then
+    made odd (one padding line when the sum is even).
+
+    Why odd: the device spreads consecutive lines over a power-of-two number of channels
+    (hw/mem/port.py ``split_line_address``). Table t's vectors sit at ``base + b * pitch +
+    col``, so with an even pitch the batch's vectors of one table fall on half of the
+    channels or fewer (rm4: pitch 52, every one on one channel), and UPDATE, which reads
+    them table by table, runs on one channel at a time. An odd pitch is coprime with the
+    channel count and visits every channel in turn. The padding line is never read: the
+    device reads only ``col_lines .. col_lines + dim/16`` of a row (hw/ndp/command.py).
+    """
     pitch = sum(t.lines_per_row for t in tables)
+    return pitch | 1
+
+
+def _argument_lines(tables, batch_size, max_indices, has_weights, outputs_in_device) -> dict[str, int]:
+    pitch = row_pitch_for(tables)
     sizes = {"offsets": lines_for(len(tables) * batch_size + 1), "indices": max(1, lines_for(max_indices))}
     if has_weights:
         sizes["weights"] = max(1, lines_for(max_indices))
@@ -323,7 +344,7 @@ def plan_layout(tables: Sequence[NdpTable], *, batch_size: int, max_indices: int
         raise LayoutError(f"ring_slots must be a power of two in [2, {MAX_RING_SLOTS}], got {ring_slots}")
     if has_weights is None:
         has_weights = any(t.mode == "weighted_sum" for t in tables)
-    pitch = sum(t.lines_per_row for t in tables)
+    pitch = row_pitch_for(tables)
     if pitch >= 1 << 16:
         raise LayoutError(f"row pitch {pitch} lines does not fit the 16-bit row_pitch_lines field")
     args = _argument_lines(tables, batch_size, max_indices, has_weights, outputs_in_device)
@@ -816,17 +837,24 @@ class NdpHost:
                 values = np.concatenate([values, garbage_words(garbage, region.lines * FLOATS_PER_LINE - values.size)])
             self.backdoor.write_array(region.base, values.astype("<u4", copy=False))
 
-    def load_gradients(self, grads: Sequence[np.ndarray]) -> None:
-        """Per-table (B, dim) fp32 pooled-output gradients into the [B][row pitch] array."""
-        self.backdoor.write_array(self.layout.grads.base, self.interleave(grads).astype("<f4", copy=False))
+    def load_gradients(self, grads: Sequence[np.ndarray], *, garbage: np.random.Generator | None = None) -> None:
+        """Per-table (B, dim) fp32 pooled-output gradients into the [B][row pitch] array.
+        ``garbage``: random words in each sample's padding line (never read), else zeros."""
+        rows = self.interleave(grads, garbage=garbage)
+        self.backdoor.write_array(self.layout.grads.base, rows.astype("<f4", copy=False))
 
-    def interleave(self, per_table: Sequence[np.ndarray]) -> np.ndarray:
-        """Per-table (B, dim) arrays -> one (B, sum of dims) array: the TBE output layout."""
+    def interleave(self, per_table: Sequence[np.ndarray], *, garbage: np.random.Generator | None = None) -> np.ndarray:
+        """Per-table (B, dim) arrays -> one (B, row pitch * 16) array: the TBE output layout,
+        each sample's row padded to the row pitch (``row_pitch_for``) with zeros, or with
+        random words from ``garbage``."""
         lay = self.layout
         for t, (arr, spec) in enumerate(zip(per_table, lay.tables)):
             if arr.shape != (lay.batch_size, spec.dim):
                 raise ValueError(f"table {t}: expected {(lay.batch_size, spec.dim)}, got {arr.shape}")
-        return np.concatenate([np.asarray(a, dtype=np.float32) for a in per_table], axis=1)
+        pad_words = lay.batch_size * (lay.row_pitch_lines - lay.vector_lines) * FLOATS_PER_LINE
+        pad = (garbage_words(garbage, pad_words).view(np.float32) if garbage is not None
+               else np.zeros(pad_words, np.float32)).reshape(lay.batch_size, -1)
+        return np.concatenate([np.asarray(a, dtype=np.float32) for a in per_table] + [pad], axis=1)
 
     # ---- checkpoint
     async def program_checkpoint(self, region: CheckpointRegion | None = None,

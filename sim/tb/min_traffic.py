@@ -92,7 +92,10 @@ class MinimumTraffic:
         writes = np.zeros(self.channels, dtype=np.int64)
         if self.out == "device":
             L = self.layout
-            writes = lines_per_channel([L.outputs.base], [L.batch_size * L.row_pitch_lines], self.channels)
+            bags = np.arange(L.batch_size)
+            for t, spec in enumerate(L.tables):    # the vectors only: the pitch's padding line is not written
+                writes = writes + lines_per_channel(L.outputs.base + bags * L.row_pitch_lines + L.col_lines[t],
+                                                    np.full(bags.size, spec.lines_per_row), self.channels)
         return [(int(r), int(w)) for r, w in zip(reads, writes)]
 
     def update(self, offsets, indices) -> list[tuple[int, int]]:

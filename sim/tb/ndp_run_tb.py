@@ -196,7 +196,8 @@ class EmbeddingRun:
                         garbage: np.random.Generator | None = None) -> dict:
         """LOOKUP then UPDATE of ``batch``, both checked bit for bit. ``grads``: the pooled-output
         gradients (default: seeded, ``batch_gradients``); ``garbage``: random stale words in
-        every argument-array element outside the batch (``NdpHost.load_batch``)."""
+        every argument-array element outside the batch (``NdpHost.load_batch``) and in the
+        gradients' padding lines (``NdpHost.load_gradients``)."""
         B = self.manifest["batch_size"]
         n = int(batch.indices.size)
         self.driver.load_batch(batch.offsets, batch.indices, batch.weights if self.has_weights else None,
@@ -214,7 +215,7 @@ class EmbeddingRun:
 
         if grads is None:
             grads = batch_gradients(self.manifest, self.env.seed, k)
-        self.driver.load_gradients(grads)
+        self.driver.load_gradients(grads, garbage=garbage)
         update, media_u = await self.measured(self.update_cmd(n), timeout)
         embedding.tbe_sgd_step(self.golden, batch.offsets, batch.indices, self.modes, B, grads, self.lr,
                                batch.weights)
@@ -261,7 +262,7 @@ class EmbeddingRun:
             problems.append(f"UPDATE unique_rows {update['unique_rows']} (UPDATE counts none), rows_read "
                             f"{update['rows_read']}, rows_written {update['rows_written']}: the batch has {unique} "
                             "distinct rows, each read and written at least once")
-        pushed = self.layout.batch_size * self.layout.row_pitch_lines if self.out == "host" else 0
+        pushed = self.layout.batch_size * self.layout.vector_lines if self.out == "host" else 0
         if lookup["lines_pushed"] != pushed:
             problems.append(f"LOOKUP pushed {lookup['lines_pushed']} lines, expected {pushed}")
         assert not problems, f"seed {self.env.seed}: batch {k} stats: " + "; ".join(problems)

@@ -15,8 +15,8 @@ pushed to the host. Every test logs its seed; replay with TCXL_SEED=<seed>.
 - ``empty_bags_next_to_nonfinite_weights``: empty bags of SUM, MEAN and WEIGHTED_SUM tables
   whose offsets[b] points at a +-Inf / NaN weight of the next bag pool to +0.0 (issue 18).
 - ``garbage_outside_bags_changes_nothing``: property test; random garbage in every array
-  position outside a bag's range (array tails, unused weights, empty bags' gradients) changes
-  no result (issue 18).
+  position outside a bag's range (array tails, unused weights, empty bags' gradients, the
+  gradients' padding lines) changes no result (issue 18).
 - ``bad_inputs_are_rejected``: every malformed-input case (issue 4; offsets[0] != 0 and
   offsets[T*B] != index_count, issue 18) completes with its NdpError (and error_info), leaves
   every table bit-identical, makes ``read_outputs`` refuse a failed LOOKUP's outputs, and the
@@ -159,7 +159,8 @@ async def garbage_outside_bags_changes_nothing(dut):
     """Property: random garbage (NaN, Inf, subnormals, huge indices) in every array position
     outside a bag's range changes no result. Garbage goes after the offsets, indices and
     weights (up to the end of their regions), into the weights of SUM and MEAN tables (which
-    pool without weights), into the gradient vectors of empty bags, and +-Inf / NaN into the
+    pool without weights), into the gradient vectors of empty bags and each sample's padding
+    line of the gradients (``row_pitch_for``), and +-Inf / NaN into the
     weight at every empty bag's offset. The results must equal the golden model on the clean
     batch, bit for bit."""
     env = await DeviceEnv.create(dut)
@@ -314,7 +315,7 @@ def _bad_cases(capacity: int, n_tables: int) -> list[BadCase]:
         BadCase("weighted table without weights", NdpError.BAD_DESCRIPTOR, both,
                 cmd=lambda c, b: c.replace(has_weights=False, weights_addr=0), info=2),
         BadCase("row pitch too small", NdpError.BAD_DESCRIPTOR, (L,),
-                cmd=lambda c, b: c.replace(row_pitch_lines=c.row_pitch_lines - 1), info=last_t),
+                cmd=lambda c, b: c.replace(row_pitch_lines=b.layout.vector_lines - 1), info=last_t),
         BadCase("reserved opcode 6", NdpError.BAD_OPCODE, (L,), cmd=lambda c, b: c.replace(opcode=6), info=0),
         BadCase("reserved opcode 0xFF", NdpError.BAD_OPCODE, (L,), cmd=lambda c, b: c.replace(opcode=0xFF)),
         BadCase("zero tables", NdpError.BAD_TABLES, both, cmd=lambda c, b: c.replace(num_tables=0), info=0),
