@@ -7,7 +7,9 @@ missing read-after-write wait would show). Checks: each request gets exactly one
 its own port with its own ctx; read data is the line's state after the last write accepted
 before the read (or newer), across ports in acceptance order; the media end up in the
 reference state under the device's line-to-channel mapping (hw/mem/port.py); several
-requests enter per cycle.
+requests enter per cycle; a read after a full-line write is forwarded from the channel's
+write buffer (no media read, answered before the write's B), one after a partial write
+waits for the media.
 """
 import hashlib
 import random
@@ -47,6 +49,7 @@ class AxiSubordinate:
         self.r_cur = None
         self.aw, self.w = deque(), deque()
         self.writes = deque()            # [due, local line, data, strb, poison], AWID 0: in order
+        self.ar_log, self.b_log = [], []  # (cycle, local line) of each AR / B handshake
 
     def line(self, local):
         return self.mem.get(local, initial_line(self.channel, local))
@@ -86,6 +89,7 @@ class AxiSubordinate:
             assert arid not in [r[0] for r in self.reads] + [self.r_cur and self.r_cur[0]]
             addr = ctx.get(a.araddr)
             assert addr % 64 == 0
+            self.ar_log.append((now, addr >> 6))
             # the data is taken now, before any B accepted this cycle is applied
             self.reads.append([arid, now + self.rng.randint(*self.latency), *self.line(addr >> 6)])
         if ctx.get(a.awvalid) and ctx.get(a.awready):
@@ -98,6 +102,7 @@ class AxiSubordinate:
             self.r_cur = None
         if ctx.get(a.bvalid) and ctx.get(a.bready):
             _, local, data, strb, poison = self.writes.popleft()
+            self.b_log.append((now, local))
             self.mem[local] = (merge(self.line(local)[0], data, strb), poison)
         while self.aw and self.w:
             self.writes.append([now + self.rng.randint(*self.latency), self.aw.popleft(),
@@ -107,9 +112,10 @@ class AxiSubordinate:
         return not (self.reads or self.r_cur or self.aw or self.w or self.writes)
 
 
-def run(seed, *, requests, always_ready=False, latency=(1, 12), read_ids=8, cycles=6000):
+def run(seed, *, requests, always_ready=False, latency=(1, 12), read_ids=8, cycles=6000, log=None):
     """``requests[p]``: list of (write, line, data, strb, poison) for port p, in program order.
-    Returns per-cycle accepted counts and the check results (asserts on the way)."""
+    Returns per-cycle accepted counts and the check results (asserts on the way). ``log``: a
+    dict that receives "responses" [(cycle, port, ctx, kind)] and "media" (the subordinates)."""
     rng = random.Random(seed)
     dut = MemoryInterleaver(channels=CHANNELS, addr_bits=ADDR_BITS, ctx_bits=CTX_BITS,
                             ports=PORTS, read_ids=read_ids, write_depth=4, id_bits=6)
@@ -169,6 +175,8 @@ def run(seed, *, requests, always_ready=False, latency=(1, 12), read_ids=8, cycl
                             assert got in versions[line][first:], \
                                 f"port {p} ctx {k}: line {line} read stale or wrong data"
                         responses[p] += 1
+                        if log is not None:
+                            log.setdefault("responses", []).append((now, p, k, name))
             assert len(channels_used) == len(set(channels_used)), "two requests to one channel"
             accepted_per_cycle.append(len(channels_used))
             for s in media:
@@ -188,6 +196,8 @@ def run(seed, *, requests, always_ready=False, latency=(1, 12), read_ids=8, cycl
     for line, v in versions.items():
         c, local = split_line_address(line, CHANNELS)
         assert media[c].line(local) == v[-1], f"line {line}: media differ from the reference"
+    if log is not None:
+        log["media"] = media
     return accepted_per_cycle
 
 
@@ -222,3 +232,22 @@ def test_several_requests_per_cycle():
     rate = sum(window) / len(window)
     print(f"accepted requests per cycle: {rate:.2f}")
     assert rate > 1.5
+
+
+def test_read_after_a_full_write_is_forwarded_after_a_partial_one_waits():
+    # port 0: write line 5 (all 64 bytes), read it; write line 9 (some bytes), read it. Both
+    # lines are on channel 1 (local lines 1 and 2). Media latency 40-60 cycles.
+    rng = random.Random(5)
+    full, part = rng.getrandbits(512), rng.getrandbits(512)
+    requests = [[(True, 5, full, FULL_STRB, 1), (False, 5, 0, 0, 0),
+                 (True, 9, part, 0x00FF_0000_FFFF_0F0F, 0), (False, 9, 0, 0, 0)], [], []]
+    log = {}
+    run(11, requests=requests, always_ready=True, latency=(40, 60), log=log)
+    when = {(k, kind): t for t, p, k, kind in log["responses"]}
+    ch1 = log["media"][1]
+    assert [local for _, local in ch1.ar_log] == [2], "only the read after the partial write reaches the media"
+    # the forwarded read (ctx 1) is answered before its write's B (ctx 0); run() checked its
+    # data and poison against the reference (the written line, poison set)
+    assert when[(1, "rd_rsp")] < when[(0, "wr_rsp")]
+    b_line9 = next(t for t, local in ch1.b_log if local == 2)
+    assert ch1.ar_log[0][0] > b_line9, "the read after a partial write waits for that write's B"

@@ -41,6 +41,7 @@ from cocotb.triggers import ClockCycles, Timer
 from hw.mem.port import mem_read_response_layout, mem_request_layout, mem_write_response_layout, split_line_address
 from hw.ndp.command import AddressFault, CommandDescriptor, EngineStats, NdpError, PoolMode, TableDescriptor
 from hw.ndp.update import UpdateEngine
+from sim.bfm.ndp_host import NdpTable, row_pitch_for
 from sim.model import embedding, fp32_ref
 from sim.model.codec import StructCodec
 from sim.model.pmem_params import media_verilog_parameters
@@ -327,7 +328,8 @@ class Workload:
         for d in self.descs:
             d["col_lines"] = col
             col += d["dim"] // 16
-        self.pitch = col
+        # the host's pitch rule (odd: every channel in turn; sim/bfm/ndp_host.py)
+        self.pitch = row_pitch_for([NdpTable(d["rows"], d["dim"], "sum") for d in self.descs])
         self.args = line + 16          # argument arrays go after the tables
 
     def device_table(self, t: int) -> np.ndarray:

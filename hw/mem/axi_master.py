@@ -12,18 +12,31 @@ Behaviour
   beats may return in any order). A write is issued on AW and W together (AWID 0, so B
   responses return in issue order; up to ``write_depth`` outstanding, their addresses and
   ``ctx`` kept in order).
-- Read-after-write: a read whose line matches any outstanding write waits until that write's
-  B response, so it returns the new data (the media may serve reads before earlier writes).
+- Read-after-write, with forwarding: the data of every outstanding write is kept (a
+  ``write_depth`` x 513-bit RAM, ``w_data``). A read whose line's youngest outstanding
+  write wrote all 64 bytes is answered from that copy (data and poison, OKAY) in the cycle
+  after it leaves the input FIFO, without going to the media. A read whose line's youngest
+  outstanding write was partial (strobes not all set) waits until no write to its line is
+  outstanding, so it returns the merged line from the media. Why forward: that wait held
+  the channel's in-order queue, and with it every port's stream (hw/mem/interleave.py),
+  for up to a write's latency; UPDATE re-reading a row it has just written back lost 15 %
+  of rm1's batch that way. Forwarded data may not be durable yet, as any data a read
+  returns right after a write (the failure model's durability is the write's B response).
   Writes to a line are in order because they share AWID 0.
 - After reset the free-ARID list is filled for ``read_ids`` cycles; reads wait for it.
 - Latency through the block: the input FIFO adds 1 cycle; R->rd_rsp and B->wr_rsp are
-  combinational (the ``ctx`` table has an asynchronous read port).
+  combinational (the ``ctx`` table has an asynchronous read port). A forwarded response
+  takes ``rd_rsp`` ahead of R (R waits that cycle); one is pending at a time.
+- Memories: ``ctx_table`` (read_ids x ctx, LUT RAM) and ``w_data`` (write_depth x 513,
+  synchronous read: block RAM or LUT RAM); the outstanding writes' addresses are flip-flops
+  (the compare needs them all at once).
 """
 from amaranth import Module, Signal, Array, Const, Cat, Mux
 from amaranth.lib import stream, wiring, fifo, memory
 from amaranth.lib.wiring import In, Out
 
 from ..common.axi import Axi4Signature, AXI_BURST_INCR, AXI_RESP_OKAY
+from ..common.ram import BypassRam
 from .port import mem_request_layout, mem_read_response_layout, mem_write_response_layout
 
 LINE_SIZE_LOG2 = 6       # AxSIZE for a 64-byte beat
@@ -82,13 +95,28 @@ class AxiChannelMaster(wiring.Component):
         w_addr = Array(Signal(self.local_addr_bits, name=f"w_addr{i}") for i in range(wdepth))
         w_ctx = Array(Signal(self.ctx_bits, name=f"w_ctx{i}") for i in range(wdepth))
         w_live = Array(Signal(name=f"w_live{i}") for i in range(wdepth))
+        # w_fwd[i]: entry i is its line's youngest outstanding write and wrote every byte
+        w_fwd = Array(Signal(name=f"w_fwd{i}") for i in range(wdepth))
         w_head = Signal(range(wdepth))
         w_tail = Signal(range(wdepth))
         w_count = Signal(range(wdepth + 1))
+        full_strb = Signal()
+        m.d.comb += full_strb.eq(head.strb == (1 << len(head.strb)) - 1)
 
+        # the outstanding writes' data (and poison), for forwarding
+        m.submodules.w_data = w_data = BypassRam(shape=len(head.data) + 1, depth=wdepth, name="w_data")
+        w_data_wr = w_data.write_port()
+        w_data_rd = w_data.read_port()
+
+        match = Signal(wdepth)
+        fwd_match = Signal(wdepth)
+        m.d.comb += [match.eq(Cat(w_live[i] & (w_addr[i] == head.addr) for i in range(wdepth))),
+                     fwd_match.eq(Cat(match[i] & w_fwd[i] for i in range(wdepth)))]
         raw_hazard = Signal()
-        m.d.comb += raw_hazard.eq(Cat(w_live[i] & (w_addr[i] == head.addr)
-                                      for i in range(wdepth)).any())
+        forwardable = Signal()                   # at most one bit of fwd_match is set
+        fwd_index = Signal(range(wdepth))
+        m.d.comb += [raw_hazard.eq(match.any()), forwardable.eq(fwd_match.any()),
+                     fwd_index.eq(_one_hot_index(fwd_match))]
 
         # --- issue: AR for reads, AW+W for writes
         aw_done = Signal()
@@ -97,6 +125,20 @@ class AxiChannelMaster(wiring.Component):
         is_write = in_fifo.r_rdy & head.write
         can_read = is_read & ~raw_hazard & free_ids.r_rdy & ~initializing
         can_write = is_write & (w_count != wdepth)
+
+        # a forwarded read: taken from the FIFO when no forwarded response is pending or the
+        # pending one leaves this cycle; its response is valid from the next cycle
+        fwd_valid = Signal()
+        fwd_ctx = Signal(self.ctx_bits)
+        fwd_done = Signal()
+        forward = Signal()
+        m.d.comb += [fwd_done.eq(fwd_valid & self.rd_rsp.ready),
+                     forward.eq(is_read & forwardable & (~fwd_valid | fwd_done))]
+        with m.If(forward):
+            m.d.sync += [fwd_valid.eq(1), fwd_ctx.eq(head.ctx)]
+        with m.Elif(fwd_done):
+            m.d.sync += fwd_valid.eq(0)
+        m.d.comb += [w_data_rd.addr.eq(fwd_index), w_data_rd.en.eq(forward)]
 
         m.d.comb += [
             axi.araddr.eq(Cat(Const(0, LINE_SIZE_LOG2), head.addr)),
@@ -125,22 +167,30 @@ class AxiChannelMaster(wiring.Component):
                 m.d.sync += w_done.eq(1)
 
         m.d.comb += [
-            in_fifo.r_en.eq(ar_fire | write_issued),
+            in_fifo.r_en.eq(ar_fire | write_issued | forward),
             ctx_wr.addr.eq(free_ids.r_data),
             ctx_wr.data.eq(head.ctx),
             ctx_wr.en.eq(ar_fire),
         ]
 
-        # --- R -> rd_rsp; the ARID goes back to the free list
-        m.d.comb += [
-            ctx_rd.addr.eq(axi.rid),
-            self.rd_rsp.valid.eq(axi.rvalid),
-            self.rd_rsp.payload.data.eq(axi.rdata),
-            self.rd_rsp.payload.poison.eq(axi.ruser),
-            self.rd_rsp.payload.error.eq(axi.rresp != AXI_RESP_OKAY),
-            self.rd_rsp.payload.ctx.eq(ctx_rd.data),
-            axi.rready.eq(self.rd_rsp.ready),
-        ]
+        # --- R (or a forwarded read) -> rd_rsp; the ARID goes back to the free list
+        m.d.comb += ctx_rd.addr.eq(axi.rid)
+        with m.If(fwd_valid):
+            m.d.comb += [
+                self.rd_rsp.valid.eq(1),
+                self.rd_rsp.payload.data.eq(w_data_rd.data[:-1]),
+                self.rd_rsp.payload.poison.eq(w_data_rd.data[-1]),
+                self.rd_rsp.payload.ctx.eq(fwd_ctx),
+            ]
+        with m.Else():
+            m.d.comb += [
+                self.rd_rsp.valid.eq(axi.rvalid),
+                self.rd_rsp.payload.data.eq(axi.rdata),
+                self.rd_rsp.payload.poison.eq(axi.ruser),
+                self.rd_rsp.payload.error.eq(axi.rresp != AXI_RESP_OKAY),
+                self.rd_rsp.payload.ctx.eq(ctx_rd.data),
+                axi.rready.eq(self.rd_rsp.ready),
+            ]
         r_fire = axi.rvalid & axi.rready
         with m.If(initializing):
             m.d.comb += [free_ids.w_data.eq(init_count), free_ids.w_en.eq(1)]
@@ -156,6 +206,8 @@ class AxiChannelMaster(wiring.Component):
             axi.bready.eq(self.wr_rsp.ready),
         ]
         b_fire = axi.bvalid & axi.bready
+        m.d.comb += [w_data_wr.addr.eq(w_tail), w_data_wr.data.eq(Cat(head.data, head.poison)),
+                     w_data_wr.en.eq(write_issued)]
         with m.If(write_issued):
             m.d.sync += [
                 w_addr[w_tail].eq(head.addr),
@@ -163,9 +215,15 @@ class AxiChannelMaster(wiring.Component):
                 w_live[w_tail].eq(1),
                 w_tail.eq(_wrap_inc(w_tail, wdepth)),
             ]
+            # the new write is its line's youngest: older entries of the line stop forwarding
+            for i in range(wdepth):
+                with m.If(match[i]):
+                    m.d.sync += w_fwd[i].eq(0)
+            m.d.sync += w_fwd[w_tail].eq(full_strb)
         with m.If(b_fire):
             m.d.sync += [
                 w_live[w_head].eq(0),
+                w_fwd[w_head].eq(0),
                 w_head.eq(_wrap_inc(w_head, wdepth)),
             ]
         m.d.sync += w_count.eq(w_count + write_issued - b_fire)
@@ -174,3 +232,11 @@ class AxiChannelMaster(wiring.Component):
 
 def _wrap_inc(value, depth):
     return Mux(value == depth - 1, 0, value + 1)
+
+
+def _one_hot_index(bits):
+    """The index of the set bit of a one-hot (or zero) vector: an OR of the indices."""
+    index = Const(0, range(len(bits)))
+    for i in range(1, len(bits)):
+        index = index | Mux(bits[i], i, 0)
+    return index
