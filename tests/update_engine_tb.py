@@ -7,16 +7,17 @@ as a raw rising-edge callback (values read there are the pre-edge ones, as in si
   it records ``done`` (error, error_info, stats) and the cycles from start to done.
 - the memory subsystem (hw/mem/port.py guarantees): a numpy array of lines. A write updates
   the array when accepted; a read returns the line as it is when accepted, so a read accepted
-  after a write to the same line sees it, and is answered after that write's response (as the
-  device's channel master holds it). Each response waits a random latency (the "random"
+  after a write to the same line sees it. Each response waits a random latency (the "random"
   model: 20..150 cycles, UE_MAX_LAT / UE_MAX_WR_LAT raise the bounds, so responses come back
-  out of order; req.ready drops at random), a PMEM-like one (the "pmem" model: ~120-cycle
+  out of order, a read after a pending write to its line after that write's response;
+  req.ready drops at random), a PMEM-like one (the "pmem" model: ~120-cycle
   reads, writes retired at 0.32 per cycle, at most 256 reads / 128 writes outstanding) or the
   device's channels (the "channels" model: 4 channels mapped as hw/mem/port.py maps lines,
   each serving in order at the media's occupancy, 2.08 cycles a read and 12.5 a write, with a
-  120 / 280-cycle latency, 64 reads and 32 writes outstanding per channel, and the request
-  stream held while its head's channel is full). Reads of lines in ``poison`` come back
-  poisoned.
+  120 / 280-cycle latency, 64 reads and 32 writes outstanding per channel, the request
+  stream held while its head's channel is full, and a read of a line with a write in flight
+  answered two cycles later from that write, as the device's channel masters forward it).
+  Reads of lines in ``poison`` come back poisoned.
 
 Every command's result is compared bit for bit (NaN == NaN) with sim.model.embedding's
 ``tbe_sgd_step`` on a host copy of the tables; stats are checked against the traffic the
@@ -218,10 +219,14 @@ class Bench:
                 self.writes_out += 1
             else:
                 self.n += 1
-                # As the device's channel master: a read of a line with a write in flight is
-                # answered after that write's response (its data is the write's either way).
-                due = max(self._channel_due(addr, cyc, False) if self.model == "channels"
-                          else cyc + self._latency(False), self.write_due.get(addr, 0) + 1)
+                if self.model == "channels" and self.write_due.get(addr, -1) >= cyc:
+                    # As the device's channel master: a read of a line whose write is in
+                    # flight is answered from that write's data (forwarded), not the media.
+                    due = cyc + 2
+                elif self.model == "channels":
+                    due = self._channel_due(addr, cyc, False)
+                else:     # any latency, but after a pending write to the line (also legal)
+                    due = max(cyc + self._latency(False), self.write_due.get(addr, 0) + 1)
                 heapq.heappush(self.rd_pending, (due, self.n,
                                                  (f["ctx"], line_to_int(self.mem[addr]), addr in self.poison,
                                                   self._channel(addr))))
