@@ -104,19 +104,25 @@ Scratchpad (a write-back cache of rows)
   insert moves the manager to DROP for it; FL_CHK inserts nothing), and S2 re-reads its set
   then, so lookups never see the stale entry. The arrival bits of the scratchpad (a
   scratch_lines register: set by fill responses, a whole slot cleared when a row is inserted,
-  before its occurrence is queued) and of the gradient ring (1 x 256, set by responses and
+  before its occurrence is queued) and of the gradient ring (1 x 512, set by responses and
   cleared by issues, two write ports) are read by the FMA window's entries (and the MUL
   front): flip-flops, below the audit's 4-kbit limit (tools/mem_audit.py).
 
 Pipeline, latency and throughput (one request per cycle at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
-  non-empty bag into a 256-line ring); 1/L through Fp32DivInt (10 cycles, pipelined).
+  non-empty bag into a 512-line ring); 1/L through Fp32DivInt (10 cycles, pipelined).
 - Lookahead: a hit costs 1 cycle (row address, tag-set read and compare are pipelined), a
   miss into a free slot 1, a miss that evicts 2 (+1 per slot the CLOCK hand passes) while the
   miss queue has room; the port then spends dim/16 requests on the fill and as many on the
   victim's write-back.
-  Up to 128 occurrences wait in the occurrence queue with their fills in flight, which hides
-  the media latency (about 100-130 reads in flight in the measurements below).
+  Up to 512 occurrences wait in the occurrence queue with their fills in flight, which hides
+  the media latency (about 100-130 reads in flight in the measurements below) and lets the
+  fills and write-backs of miss-heavy stretches overlap the FMA work of hit-heavy ones (the
+  two alternate over hundreds of occurrences: a table's cold start, Zipf's hot rows). The
+  gradient ring bounds it too (a queued occurrence holds its bag's gradient lines): with
+  128 occurrences and 256 gradient lines, rm4 b512 took 62,123 cycles and rm1 b64 190,502
+  in the engine's testbench ("channels" model); with 512 and 512, 58,073 and 182,162. More
+  changes little (2048 and 1024: rm4 58,049), nor do 64 queued misses instead of 16.
 - Datapath: two groups of 16 Fp32Fma lanes. Group 0 (one 64-byte line per cycle) is shared
   by two operations: MUL (c = g * scale into a 32-line contribution ring; WEIGHTED_SUM and
   MEAN only) and FMA (row = fma(-lr, c, row)); group 1 does FMA only. The FMA front holds the
@@ -370,9 +376,9 @@ class _TagRead:
 class UpdateEngine(wiring.Component):
     """Sparse SGD of a TBE batch (opcode UPDATE); see the module docstring."""
     WAYS = 8
-    GRAD_LINES = 256
+    GRAD_LINES = 512
     CONTRIB_LINES = 32
-    OCC_DEPTH = 128
+    OCC_DEPTH = 512
     MISS_DEPTH = 16                  # misses (victim write-back + fill) queued for the port
     FMA_QUEUE_DEPTH = 16
     BAG_DEPTH = 32
