@@ -23,9 +23,10 @@ Every command's result is compared bit for bit (NaN == NaN) with sim.model.embed
 ``tbe_sgd_step`` on a host copy of the tables; stats are checked against the traffic the
 memory saw. Environment: UE_ADDR_BITS, UE_CAPACITY, UE_SCRATCH (the build's parameters),
 TCXL_SEED (replay), UE_PERF_JSON (the perf test writes its figures there); test_rm4_trace
-also reads UE_MEM_MODEL (default channels), UE_ROWS_CAP (400) and UE_TABLE_BASE (the first
-table's line, 64; the device's layout puts rm4's at 30037 with rows cap 4096, which needs a
-build with UE_TEST_ADDR_BITS=18 UE_TEST_CAPACITY=262144, tests/test_update_engine.py).
+also reads UE_MEM_MODEL (default channels), UE_ROWS_CAP (400), UE_TABLE_BASE (the first
+table's line, 64; the device's layout puts rm4's at 30549 with rows cap 4096, which needs a
+build with UE_TEST_ADDR_BITS=18 UE_TEST_CAPACITY=262144, tests/test_update_engine.py) and
+UE_MODEL / UE_BATCH (another preset's batch, e.g. rm1 and 64, tables at 9157 on the device).
 """
 from __future__ import annotations
 
@@ -766,12 +767,14 @@ async def test_tag_conflicts_under_backpressure(dut):
 @cocotb.test()
 async def test_rm4_trace(dut):
     """A batch of the rm4 preset's own trace (52 tables, 4 to 512 rows each after the cap,
-    one index per bag, Zipf rows): tiny tables make rows that every bag updates."""
+    one index per bag, Zipf rows): tiny tables make rows that every bag updates. UE_MODEL /
+    UE_BATCH replay another preset's batch (a performance study; CI runs rm4)."""
     from sim.model.dlrm import get_preset
     from sim.model.trace import TraceKnobs, generate_trace
     bench, rng = await setup(dut, model=os.environ.get("UE_MEM_MODEL", "channels"), seed_offset=8)
-    tr = generate_trace(get_preset("rm4"), 1, SEED, TraceKnobs(rows_cap=int(os.environ.get("UE_ROWS_CAP", "400")),
-                                                               batch_size=512))
+    model = os.environ.get("UE_MODEL", "rm4")
+    tr = generate_trace(get_preset(model), 1, SEED, TraceKnobs(rows_cap=int(os.environ.get("UE_ROWS_CAP", "400")),
+                                                               batch_size=int(os.environ.get("UE_BATCH", "512"))))
     b = tr.batches[0]
     B = tr.batch_size
     wl = Workload(bench, [(t["rows"], t["dim"], "sum") for t in tr.manifest["tables"]], rng,
@@ -787,4 +790,4 @@ async def test_rm4_trace(dut):
         assert hi - lo == n
         return [int(r) for r in b.indices[lo:hi]]
     args = wl.batch(B, lambda t, k: int(off[t * B + k + 1] - off[t * B + k]), trace_bag)
-    await run_and_check(bench, wl, args, "rm4 trace", exact_traffic=False)
+    await run_and_check(bench, wl, args, f"{model} b{B} trace", exact_traffic=False)
