@@ -12,9 +12,10 @@ as a raw rising-edge callback (values read there are the pre-edge ones, as in si
   out of order, a read after a pending write to its line after that write's response;
   req.ready drops at random), a PMEM-like one (the "pmem" model: ~120-cycle
   reads, writes retired at 0.32 per cycle, at most 256 reads / 128 writes outstanding) or the
-  device's channels (the "channels" model: 4 channels mapped as hw/mem/port.py maps lines,
-  each serving in order at the media's occupancy, 2.08 cycles a read and 12.5 a write, with a
-  120 / 280-cycle latency, 64 reads and 32 writes outstanding per channel, the request
+  device's channels (the "channels" model: the default DeviceConfig's 4 channels mapped as
+  hw/mem/port.py maps lines, each serving in order at the media's occupancy, 2.08 cycles a
+  read and 12.5 a write, with a 120 / 280-cycle latency, its 64 reads and 32 writes
+  outstanding per channel, the request
   stream held while its head's channel is full, and a read of a line with a write in flight
   answered two cycles later from that write, as the device's channel masters forward it).
   Reads of lines in ``poison`` come back poisoned.
@@ -40,6 +41,7 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, Timer
 
+from hw.config import DeviceConfig
 from hw.mem.port import mem_read_response_layout, mem_request_layout, mem_write_response_layout, split_line_address
 from hw.ndp.command import AddressFault, CommandDescriptor, EngineStats, NdpError, PoolMode, TableDescriptor
 from hw.ndp.update import UpdateEngine
@@ -55,8 +57,11 @@ SEED = int(os.environ.get("TCXL_SEED", "0")) or random.randrange(1, 1 << 31)
 CTX_BITS = UpdateEngine.required_ctx_bits(SCRATCH)
 MODES = {"sum": PoolMode.SUM, "mean": PoolMode.MEAN, "weighted_sum": PoolMode.WEIGHTED_SUM}
 
-# The "channels" model's media: the device's (sim/harness.py builds pmem_media with these).
+# The "channels" model's media: the device's (sim/harness.py builds pmem_media with these),
+# and the default device's channels and their outstanding reads / writes (hw/config.py).
 MEDIA = media_verilog_parameters(500, depth_lines=1, id_width=1, addr_width=7)
+DEVICE = DeviceConfig()
+CHANNELS = DEVICE.channels
 REQ = StructCodec(mem_request_layout(ADDR_BITS, CTX_BITS))
 RD = StructCodec(mem_read_response_layout(CTX_BITS))
 WR = StructCodec(mem_write_response_layout(CTX_BITS))
@@ -108,10 +113,10 @@ class Bench:
         self.reads_out = 0
         self.writes_out = 0
         self.write_free_at = 0.0            # pmem model: when the media can retire the next write
-        self.channel_free = [0.0] * 4       # channels model: when each channel's media is free
+        self.channel_free = [0.0] * CHANNELS  # channels model: when each channel's media is free
         self.ready_p = 0.8                  # random model: how often req.ready is high
         self.channel_last_due: dict = {}
-        self.ch_out = {(c, w): 0 for c in range(4) for w in (False, True)}
+        self.ch_out = {(c, w): 0 for c in range(CHANNELS) for w in (False, True)}
         self.rd_driven_ch = self.wr_driven_ch = 0
         self.tables: list[int] = []         # packed descriptors the processor serves
         self.last_index = -1
@@ -151,7 +156,7 @@ class Bench:
 
     @staticmethod
     def _channel(addr: int) -> int:
-        return split_line_address(addr, 4)[0]
+        return split_line_address(addr, CHANNELS)[0]
 
     def _channel_due(self, addr: int, cyc: int, write: bool) -> int:
         """The "channels" model: 4 channels as the device maps lines (hw/mem/port.py), each
@@ -273,11 +278,13 @@ class Bench:
         # ---- memory: accept a request in the next cycle?
         ready = int(self.reads_out < 256 and self.writes_out < (256 if self.model == "channels" else 128))
         if ready and self.model == "channels" and self.h_req_valid.get_signal_val_long():
-            # As the device's channel masters: 64 reads / 32 writes outstanding per channel,
-            # and the single request stream waits while its head's channel is full.
+            # As the device's channel masters: read_ids_per_channel reads / writes_per_channel
+            # writes outstanding per channel, and the single request stream waits while its
+            # head's channel is full.
             f = REQ.unpack(int(self.h_req_payload.get_signal_val_binstr(), 2))
             w = bool(f["write"])
-            ready = int(self.ch_out[(self._channel(f["addr"]), w)] < (32 if w else 64))
+            limit = DEVICE.writes_per_channel if w else DEVICE.read_ids_per_channel
+            ready = int(self.ch_out[(self._channel(f["addr"]), w)] < limit)
         if ready and self.model == "random":
             ready = int(rng.random() < self.ready_p)
         if ready != self.req_ready:
@@ -768,7 +775,8 @@ async def test_tag_conflicts_under_backpressure(dut):
 async def test_rm4_trace(dut):
     """A batch of the rm4 preset's own trace (52 tables, 4 to 512 rows each after the cap,
     one index per bag, Zipf rows): tiny tables make rows that every bag updates. UE_MODEL /
-    UE_BATCH replay another preset's batch (a performance study; CI runs rm4)."""
+    UE_BATCH replay another preset's batch (a performance study; CI runs rm4). Every table
+    pools as SUM, as every preset's (rm1-rm4) does."""
     from sim.model.dlrm import get_preset
     from sim.model.trace import TraceKnobs, generate_trace
     bench, rng = await setup(dut, model=os.environ.get("UE_MEM_MODEL", "channels"), seed_offset=8)

@@ -21,7 +21,8 @@ Pure Python (no simulator; unit-tested in tests/test_ndp.py):
   (TableDescriptor; col_lines = prefix sum of dim/16 over the tables, row_pitch_lines =
   ``row_pitch_for(tables)``, the total made odd), ``NdpCompletion.unpack(line)``. Arrays:
   ``array_to_lines`` / ``lines_to_array`` (u32 / fp32 little-endian, 16 per line, element 0
-  at bit 0 of the first line, the last line zero-padded). ``NdpCommand.unpack(line)`` is the inverse of ``pack``.
+  at bit 0 of the first line, the last line zero-padded). ``NdpCommand.unpack(line)`` is the
+  inverse of ``pack``.
 - Checkpoint commands (hw/ndp/command.py): ``NdpCommand`` carries ``batch``, ``mlp_offset``,
   ``mlp_count`` and the flags ``checkpoint`` / ``mlp_slot``; ``log_command(layout, batch,
   index_count=, has_weights=, tag=)`` (LOG), ``update_command(..., checkpoint_batch=k)`` (UPDATE with
