@@ -5,6 +5,7 @@ line bytes (byte i = bits 8i..8i+7), independently of the RTL's CRC. A memory st
 (tests/pysim_memory.py) answers out of order with random latencies and stalls; reads see accepted writes; a power
 failure tears the writes in flight at 8-byte granularity. Random tests print their seed;
 replay with TCXL_SEED=<seed>."""
+import itertools
 import os
 import random
 import zlib
@@ -64,10 +65,12 @@ def tear(new: int, old: int, rng) -> int:
 OUTS = ("emb_valid", "emb_batches", "rolled_back", "mlp_valid", "mlp_batch", "mlp_slot")
 
 
-def recover(mem, seed, region=REGION, rd_error=(), wr_error=(), fail_at=None, runs=1, lat=(2, 25)):
+def recover(mem, seed, region=REGION, rd_error=(), wr_error=(), fail_at=None, runs=1, lat=(2, 25),
+            fail_in_flight=False):
     """Run RECOVER ``runs`` times on one engine (``region``: one LogRegion dict, or a list of
     them, one per run). With ``fail_at``: power failure at that cycle of the first run
-    (its result says how many writes were accepted and torn). Returns the list of results."""
+    (its result says how many writes were accepted and torn); with ``fail_in_flight`` too, at
+    the first cycle from ``fail_at`` on with a write in flight. Returns the list of results."""
     prng = random.Random(seed)
     dut = RecoveryEngine(addr_bits=12, capacity_lines=CAP)
     mm = MemModel(dut.mem, mem, prng, capacity=CAP, rd_error=rd_error, wr_error=wr_error, lat=lat)
@@ -91,7 +94,8 @@ def recover(mem, seed, region=REGION, rd_error=(), wr_error=(), fail_at=None, ru
             cycle += 1
             ctx.set(dut.ctl.start, 0)
             for n in range(20000):
-                if fail_at is not None and n == fail_at:
+                if fail_at is not None and (n >= fail_at and mm.outstanding_writes() if fail_in_flight
+                                            else n == fail_at):
                     results.append({"power_fail": True, "writes": written(w0),
                                     "torn": mm.outstanding_writes()})
                     mm.power_fail(prng)
@@ -355,12 +359,14 @@ def test_twice_and_power_failure_during_recovery():
     assert {o: r1[o] for o in OUTS} == {o: r2[o] for o in OUTS}
     snapshot_after_one = dict(ref)
     assert all(ref[a] == v for a, v in old.items())
-    # power failures at several points, then a clean RECOVER: same memory, same results
+    # power failures at several points (at the cycle, and at the first write in flight from
+    # it on: a failure's timing alone rarely meets one), then a clean RECOVER: same memory,
+    # same results
     torn = 0
-    for frac in (0.3, 0.6, 0.7, 0.8, 0.9, 0.97):
+    for frac, in_flight in itertools.product((0.3, 0.6, 0.7, 0.8, 0.9, 0.97), (False, True)):
         fail_at = int(frac * r1["cycles"])
         m2 = dict(mem)
-        (pf,) = recover(m2, seed + fail_at, fail_at=fail_at)
+        (pf,) = recover(m2, seed + fail_at, fail_at=fail_at, fail_in_flight=in_flight)
         torn += pf.get("torn", 0)           # (the run may also finish before fail_at)
         log_lines = [a for a in mem if a >= REGION["log_base"]]
         assert all(m2[a] == mem[a] for a in log_lines), "recovery wrote a log line"
