@@ -13,7 +13,9 @@ Ports (architecture.md §3; one clock domain ``sync``, active-high synchronous r
 - ``irq``: level; STATUS & IRQ_ENABLE, cleared by writing STATUS.
 
 Memory: port 0 of the interleaver is shared (``SHARED_PORT_CLIENTS`` behind a round-robin
-MemPortArbiter); each lookup unit has a port of its own. The CXL.cache agent's internal port
+MemPortArbiter); each lookup unit has a port of its own, and port 1 also carries the update
+engine's gradient reads (``grad_port``, through a second MemPortArbiter: LOOKUP and UPDATE
+never run at once, so each has the port to itself). The CXL.cache agent's internal port
 is shared by the test port, the bias engine and the NDP engines (lookup push, MLP log).
 """
 from types import SimpleNamespace
@@ -103,9 +105,12 @@ class TrainingCxlDevice(wiring.Component):
                          self._undo_log.ctx_bits, self._mlp_log.ctx_bits, self._recovery.ctx_bits)
         self._shared = MemPortArbiter(clients=len(SHARED_PORT_CLIENTS), addr_bits=config.addr_bits,
                                       ctx_bits=shared_ctx)
+        self._unit0_port = MemPortArbiter(clients=2, addr_bits=config.addr_bits,
+                                          ctx_bits=max(self._lookup.unit_ctx_bits, self._update.ctx_bits))
         self._mem = MemoryInterleaver(
             channels=config.channels, addr_bits=config.addr_bits,
-            ctx_bits=max(shared_ctx + self._shared.client_bits, self._lookup.unit_ctx_bits),
+            ctx_bits=max(shared_ctx + self._shared.client_bits, self._lookup.unit_ctx_bits,
+                         self._unit0_port.ctx_bits + self._unit0_port.client_bits),
             ports=1 + config.lookup_units,
             read_ids=config.read_ids_per_channel, write_depth=config.writes_per_channel)
         super().__init__({
@@ -157,7 +162,8 @@ class TrainingCxlDevice(wiring.Component):
         wiring.connect(m, tgt.s2m_ndr, wiring.flipped(self.s2m_ndr))
         wiring.connect(m, tgt.s2m_drs, wiring.flipped(self.s2m_drs))
         # Memory: port 0 is shared (CXL.mem target, command processor, lookup feeder,
-        # update engine); ports 1.. belong to the lookup units.
+        # update engine); ports 1.. belong to the lookup units, port 1 also to the update
+        # engine's gradient reads.
         m.submodules.processor = proc = self._processor
         m.submodules.lookup = lookup = self._lookup
         m.submodules.shared_port = shared = self._shared
@@ -171,7 +177,11 @@ class TrainingCxlDevice(wiring.Component):
         for i, client in enumerate(shared_clients):
             connect_port(m, client, shared.clients[i])
         connect_port(m, shared.mem, mem.clients[0])
-        for u in range(cfg.lookup_units):
+        m.submodules.unit0_port = unit0 = self._unit0_port
+        connect_port(m, lookup.unit_mem[0], unit0.clients[0])
+        connect_port(m, update.grad_port, unit0.clients[1])
+        connect_port(m, unit0.mem, mem.clients[1])
+        for u in range(1, cfg.lookup_units):
             connect_port(m, lookup.unit_mem[u], mem.clients[1 + u])
         wiring.connect(m, proc.lookup, lookup.ctl)
         wiring.connect(m, proc.update, update.ctl)

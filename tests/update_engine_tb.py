@@ -5,9 +5,10 @@ as a raw rising-edge callback (values read there are the pre-edge ones, as in si
 - the command processor: pulses ``ctl.start`` with a packed CommandDescriptor and answers
   ``ctl.table_index`` with that table's descriptor one cycle later (a synchronous read port);
   it records ``done`` (error, error_info, stats) and the cycles from start to done.
-- the memory subsystem (hw/mem/port.py guarantees): a numpy array of lines. A write updates
-  the array when accepted; a read returns the line as it is when accepted, so a read accepted
-  after a write to the same line sees it. Each response waits a random latency (the "random"
+- the memory subsystem (hw/mem/port.py guarantees) behind both of the engine's ports (``mem``;
+  ``grad_port``, where only gradient reads may appear): a numpy array of lines. A write
+  updates the array when accepted; a read returns the line as it is when accepted, so a read
+  accepted after a write to the same line sees it. Each response waits a random latency (the "random"
   model: 20..150 cycles, UE_MAX_LAT / UE_MAX_WR_LAT raise the bounds, so responses come back
   out of order, a read after a pending write to its line after that write's response;
   req.ready drops at random), a PMEM-like one (the "pmem" model: ~120-cycle
@@ -15,10 +16,10 @@ as a raw rising-edge callback (values read there are the pre-edge ones, as in si
   device's channels (the "channels" model: the default DeviceConfig's 4 channels mapped as
   hw/mem/port.py maps lines, each serving in order at the media's occupancy, 2.08 cycles a
   read and 12.5 a write, with a 120 / 280-cycle latency, its 64 reads and 32 writes
-  outstanding per channel, the request
-  stream held while its head's channel is full, and a read of a line with a write in flight
-  answered two cycles later from that write, as the device's channel masters forward it).
-  Reads of lines in ``poison`` come back poisoned.
+  outstanding per channel, a request per channel and cycle, each port's request stream held
+  while its head's channel is full, and a read of a line with a write in flight answered two
+  cycles later from that write, as the device's channel masters forward it). Reads of lines
+  in ``poison`` come back poisoned.
 
 Every command's result is compared bit for bit (NaN == NaN) with sim.model.embedding's
 ``tbe_sgd_step`` on a host copy of the tables; stats are checked against the traffic the
@@ -44,7 +45,7 @@ from cocotb.triggers import ClockCycles, Timer
 from hw.config import DeviceConfig
 from hw.mem.port import mem_read_response_layout, mem_request_layout, mem_write_response_layout, split_line_address
 from hw.ndp.command import AddressFault, CommandDescriptor, EngineStats, NdpError, PoolMode, TableDescriptor
-from hw.ndp.update import UpdateEngine
+from hw.ndp.update import Kind, UpdateEngine
 from sim.bfm.ndp_host import NdpTable, row_pitch_for
 from sim.model import embedding, fp32_ref
 from sim.model.codec import StructCodec
@@ -78,6 +79,21 @@ def int_to_line(value: int) -> np.ndarray:
     return np.frombuffer(value.to_bytes(64, "little"), dtype="<u4").astype(np.uint32)
 
 
+class _Port:
+    """One of the engine's memory ports, as the bench sees it: handles and response state."""
+
+    def __init__(self, dut, index: int, name: str):
+        h = lambda sig: getattr(dut, f"{name}__{sig}")._handle          # noqa: E731
+        self.index, self.name = index, name
+        self.h_req_valid, self.h_req_ready, self.h_req_payload = h("req__valid"), h("req__ready"), h("req__payload")
+        self.h_rd_valid, self.h_rd_ready, self.h_rd_payload = (
+            h("rd_rsp__valid"), h("rd_rsp__ready"), h("rd_rsp__payload"))
+        self.req_ready = 0
+        self.rd_due: list = []              # read responses due, answered in random order
+        self.rd_driven = False
+        self.rd_driven_ch = 0
+
+
 class Bench:
     """Processor + memory stand-in; see the module docstring."""
 
@@ -90,10 +106,9 @@ class Bench:
         self.write_errors: set[int] = set()  # lines whose writes are answered with error
         self.cycle = 0
         h = lambda name: getattr(dut, name)._handle          # noqa: E731
-        self.h_req_valid, self.h_req_ready, self.h_req_payload = (
-            h("mem__req__valid"), h("mem__req__ready"), h("mem__req__payload"))
-        self.h_rd_valid, self.h_rd_ready, self.h_rd_payload = (
-            h("mem__rd_rsp__valid"), h("mem__rd_rsp__ready"), h("mem__rd_rsp__payload"))
+        # the engine's two ports: mem (everything but gradients) and grad_port (gradient reads)
+        self.ports = [_Port(dut, 0, "mem"), _Port(dut, 1, "grad_port")]
+        self.payload_bits = UpdateEngine.required_ctx_bits(SCRATCH) - 3
         self.h_wr_valid, self.h_wr_ready, self.h_wr_payload = (
             h("mem__wr_rsp__valid"), h("mem__wr_rsp__ready"), h("mem__wr_rsp__payload"))
         self.h_start, self.h_cmd, self.h_table, self.h_table_index = (
@@ -102,14 +117,11 @@ class Bench:
             h("ctl__done"), h("ctl__error"), h("ctl__error_info"), h("ctl__stats"))
         self.cmd_width = len(dut.ctl__cmd)
         self.tab_width = len(dut.ctl__table)
-        self.rd_pending: list = []          # heap of (due cycle, n, (ctx, data int, poison))
+        self.rd_pending: list = []          # heap of (due cycle, n, (port, (ctx, data int, poison, channel)))
         self.wr_pending: list = []          # heap of (due cycle, n, ctx)
-        self.rd_due: list = []              # responses due, answered in random order
-        self.wr_due: list = []
+        self.wr_due: list = []              # write responses due, answered in random order
         self.n = 0
-        self.rd_driven = False
         self.wr_driven = False
-        self.req_ready = 0
         self.reads_out = 0
         self.writes_out = 0
         self.write_free_at = 0.0            # pmem model: when the media can retire the next write
@@ -117,7 +129,7 @@ class Bench:
         self.ready_p = 0.8                  # random model: how often req.ready is high
         self.channel_last_due: dict = {}
         self.ch_out = {(c, w): 0 for c in range(CHANNELS) for w in (False, True)}
-        self.rd_driven_ch = self.wr_driven_ch = 0
+        self.wr_driven_ch = 0
         self.tables: list[int] = []         # packed descriptors the processor serves
         self.last_index = -1
         self.pending_cmd: int | None = None
@@ -142,8 +154,9 @@ class Bench:
         self._register_cb = simulator.register_value_change_callback
         self._rising = RisingEdge._edge_type
         self._clk = self.dut.clk._handle
-        for hnd in (self.h_rd_valid, self.h_wr_valid, self.h_start, self.h_req_ready):
+        for hnd in (self.h_wr_valid, self.h_start, *(x for p in self.ports for x in (p.h_rd_valid, p.h_req_ready))):
             hnd.set_signal_val_int(0, 0)
+        self.dut.grad_port__wr_rsp__valid._handle.set_signal_val_int(0, 0)
         self._cb = self._register_cb(self._clk, self._on_edge, self._rising)
 
     def _on_edge(self):
@@ -201,70 +214,37 @@ class Bench:
             self.last_index = index
             word = self.tables[index] if index < len(self.tables) else 0
             self.h_table.set_signal_val_binstr(0, format(word, f"0{self.tab_width}b"))
-        # ---- memory: accepted request
-        if self.req_ready and self.h_req_valid.get_signal_val_long():
-            f = REQ.unpack(int(self.h_req_payload.get_signal_val_binstr(), 2))
-            addr = f["addr"]
-            assert addr < CAPACITY, f"request to line {addr:#x} >= capacity {CAPACITY:#x}"
-            if f["write"]:
-                assert f["strb"] == (1 << 64) - 1 and not f["poison"]
-                self.mem[addr] = int_to_line(f["data"])
-                self.lines_written += 1
-                self.writes_by_line[addr] = self.writes_by_line.get(addr, 0) + 1
-                due = cyc + self._latency(True)
-                if self.model == "pmem":          # the media retire 0.32 writes per cycle
-                    self.write_free_at = max(self.write_free_at, cyc) + 1 / 0.32
-                    due = max(due, int(self.write_free_at))
-                elif self.model == "channels":
-                    due = self._channel_due(addr, cyc, True)
-                self.write_due[addr] = due
-                self.n += 1
-                ch = self._channel(addr)
-                self.ch_out[(ch, True)] += 1
-                heapq.heappush(self.wr_pending, (due, self.n, (f["ctx"], addr in self.write_errors, ch)))
-                self.writes_out += 1
-            else:
-                self.n += 1
-                if self.model == "channels" and self.write_due.get(addr, -1) >= cyc:
-                    # As the device's channel master: a read of a line whose write is in
-                    # flight is answered from that write's data (forwarded), not the media.
-                    due = cyc + 2
-                elif self.model == "channels":
-                    due = self._channel_due(addr, cyc, False)
-                else:     # any latency, but after a pending write to the line (also legal)
-                    due = max(cyc + self._latency(False), self.write_due.get(addr, 0) + 1)
-                heapq.heappush(self.rd_pending, (due, self.n,
-                                                 (f["ctx"], line_to_int(self.mem[addr]), addr in self.poison,
-                                                  self._channel(addr))))
-                self.ch_out[(self._channel(addr), False)] += 1
-                self.lines_read += 1
-                self.reads_by_line[addr] = self.reads_by_line.get(addr, 0) + 1
-                self.reads_out += 1
-                self.max_reads_out = max(self.max_reads_out, self.reads_out)
+        # ---- memory: accepted requests (both ports)
+        for port in self.ports:
+            if port.req_ready and port.h_req_valid.get_signal_val_long():
+                self._accept(port, REQ.unpack(int(port.h_req_payload.get_signal_val_binstr(), 2)), cyc)
         # ---- memory: responses taken at this edge, then the next ones
-        if self.rd_driven and self.h_rd_ready.get_signal_val_long():
-            self.rd_driven = False
-            self.reads_out -= 1
-            self.ch_out[(self.rd_driven_ch, False)] -= 1
+        for port in self.ports:
+            if port.rd_driven and port.h_rd_ready.get_signal_val_long():
+                port.rd_driven = False
+                self.reads_out -= 1
+                self.ch_out[(port.rd_driven_ch, False)] -= 1
         if self.wr_driven and self.h_wr_ready.get_signal_val_long():
             self.wr_driven = False
             self.writes_out -= 1
             self.ch_out[(self.wr_driven_ch, True)] -= 1
         while self.rd_pending and self.rd_pending[0][0] <= cyc:
-            self.rd_due.append(heapq.heappop(self.rd_pending)[2])
+            port, rsp = heapq.heappop(self.rd_pending)[2]
+            self.ports[port].rd_due.append(rsp)
         while self.wr_pending and self.wr_pending[0][0] <= cyc:
             self.wr_due.append(heapq.heappop(self.wr_pending)[2])
-        if not self.rd_driven:
-            if self.rd_due:
-                k = rng.randrange(len(self.rd_due))
-                self.rd_due[k], self.rd_due[-1] = self.rd_due[-1], self.rd_due[k]
-                ctx, data, poison, self.rd_driven_ch = self.rd_due.pop()
-                self.h_rd_payload.set_signal_val_binstr(
-                    0, format(RD.pack(data=data, poison=int(poison), error=0, ctx=ctx), f"0{RD.width}b"))
-                self.h_rd_valid.set_signal_val_int(0, 1)
-                self.rd_driven = True
-            else:
-                self.h_rd_valid.set_signal_val_int(0, 0)
+        for port in self.ports:
+            if not port.rd_driven:
+                if port.rd_due:
+                    k = rng.randrange(len(port.rd_due))
+                    port.rd_due[k], port.rd_due[-1] = port.rd_due[-1], port.rd_due[k]
+                    ctx, data, poison, port.rd_driven_ch = port.rd_due.pop()
+                    port.h_rd_payload.set_signal_val_binstr(
+                        0, format(RD.pack(data=data, poison=int(poison), error=0, ctx=ctx), f"0{RD.width}b"))
+                    port.h_rd_valid.set_signal_val_int(0, 1)
+                    port.rd_driven = True
+                else:
+                    port.h_rd_valid.set_signal_val_int(0, 0)
         if not self.wr_driven:
             if self.wr_due:
                 k = rng.randrange(len(self.wr_due))
@@ -275,21 +255,68 @@ class Bench:
                 self.wr_driven = True
             else:
                 self.h_wr_valid.set_signal_val_int(0, 0)
-        # ---- memory: accept a request in the next cycle?
-        ready = int(self.reads_out < 256 and self.writes_out < (256 if self.model == "channels" else 128))
-        if ready and self.model == "channels" and self.h_req_valid.get_signal_val_long():
-            # As the device's channel masters: read_ids_per_channel reads / writes_per_channel
-            # writes outstanding per channel, and the single request stream waits while its
-            # head's channel is full.
-            f = REQ.unpack(int(self.h_req_payload.get_signal_val_binstr(), 2))
-            w = bool(f["write"])
-            limit = DEVICE.writes_per_channel if w else DEVICE.read_ids_per_channel
-            ready = int(self.ch_out[(self._channel(f["addr"]), w)] < limit)
-        if ready and self.model == "random":
-            ready = int(rng.random() < self.ready_p)
-        if ready != self.req_ready:
-            self.h_req_ready.set_signal_val_int(0, ready)
-            self.req_ready = ready
+        # ---- memory: accept a request in the next cycle? (each channel takes one request
+        # per cycle; when both ports' heads want one channel, the ports take turns)
+        taken = set()
+        for port in (self.ports if cyc % 2 else self.ports[::-1]):
+            ready = int(self.reads_out < 256 and self.writes_out < (256 if self.model == "channels" else 128))
+            if ready and self.model == "channels" and port.h_req_valid.get_signal_val_long():
+                # As the device's channel masters: read_ids_per_channel reads /
+                # writes_per_channel writes outstanding per channel, and a port's request
+                # stream waits while its head's channel is full.
+                f = REQ.unpack(int(port.h_req_payload.get_signal_val_binstr(), 2))
+                w, ch = bool(f["write"]), self._channel(f["addr"])
+                limit = DEVICE.writes_per_channel if w else DEVICE.read_ids_per_channel
+                ready = int(self.ch_out[(ch, w)] < limit and ch not in taken)
+                if ready:
+                    taken.add(ch)
+            if ready and self.model == "random":
+                ready = int(rng.random() < self.ready_p)
+            if ready != port.req_ready:
+                port.h_req_ready.set_signal_val_int(0, ready)
+                port.req_ready = ready
+
+    def _accept(self, port, f: dict, cyc: int) -> None:
+        """One request accepted at this edge on ``port`` (writes only on the main port)."""
+        addr = f["addr"]
+        assert addr < CAPACITY, f"request to line {addr:#x} >= capacity {CAPACITY:#x}"
+        if f["write"]:
+            assert port.index == 0, "a write on the gradient port"
+            assert f["strb"] == (1 << 64) - 1 and not f["poison"]
+            self.mem[addr] = int_to_line(f["data"])
+            self.lines_written += 1
+            self.writes_by_line[addr] = self.writes_by_line.get(addr, 0) + 1
+            due = cyc + self._latency(True)
+            if self.model == "pmem":          # the media retire 0.32 writes per cycle
+                self.write_free_at = max(self.write_free_at, cyc) + 1 / 0.32
+                due = max(due, int(self.write_free_at))
+            elif self.model == "channels":
+                due = self._channel_due(addr, cyc, True)
+            self.write_due[addr] = due
+            self.n += 1
+            ch = self._channel(addr)
+            self.ch_out[(ch, True)] += 1
+            heapq.heappush(self.wr_pending, (due, self.n, (f["ctx"], addr in self.write_errors, ch)))
+            self.writes_out += 1
+            return
+        kind = Kind((f["ctx"] >> self.payload_bits) & 7)
+        assert (kind == Kind.GRAD) == (port.index == 1), f"a {kind.name} read on port {port.name}"
+        self.n += 1
+        if self.model == "channels" and self.write_due.get(addr, -1) >= cyc:
+            # As the device's channel master: a read of a line whose write is in flight is
+            # answered from that write's data (forwarded), without the media.
+            due = cyc + 2
+        elif self.model == "channels":
+            due = self._channel_due(addr, cyc, False)
+        else:     # any latency, but after a pending write to the line (also legal)
+            due = max(cyc + self._latency(False), self.write_due.get(addr, 0) + 1)
+        heapq.heappush(self.rd_pending, (due, self.n, (port.index, (f["ctx"], line_to_int(self.mem[addr]),
+                                                                    addr in self.poison, self._channel(addr)))))
+        self.ch_out[(self._channel(addr), False)] += 1
+        self.lines_read += 1
+        self.reads_by_line[addr] = self.reads_by_line.get(addr, 0) + 1
+        self.reads_out += 1
+        self.max_reads_out = max(self.max_reads_out, self.reads_out)
 
     # ---------------------------------------------------------------- commands --
     async def run(self, cmd: dict, tables: list[dict], timeout: int = 400_000) -> dict:
@@ -308,8 +335,9 @@ class Bench:
         await ClockCycles(self.dut.clk, 2)
         if self.error is not None:
             raise self.error
-        assert not (self.rd_pending or self.wr_pending or self.rd_due or self.wr_due or self.rd_driven
-                    or self.wr_driven), f"done before every response was taken (seed {SEED})"
+        assert not (self.rd_pending or self.wr_pending or self.wr_due or self.wr_driven
+                    or any(p.rd_due or p.rd_driven for p in self.ports)), \
+            f"done before every response was taken (seed {SEED})"
         self.result["max_reads_out"] = self.max_reads_out
         return self.result
 

@@ -15,6 +15,13 @@ Ports
   always ready: every read has its destination reserved before it is issued. ``ctx`` must
   come back unchanged: ctx[0:P] names the destination (buffer slot), ctx[P:P+3] the buffer
   (``Kind``), P = log2(scratch_lines) (at least 8); bits above are zero.
+- ``grad_port``: the same signature, for the pooled-output gradient reads only (Kind GRAD;
+  no writes, ``wr_rsp`` unused, ``rd_rsp`` always ready). ``mem`` carries everything else
+  (arrays, row fills and write-backs). Why a second port: rm4's UPDATE reads a gradient
+  line per occurrence besides its fills and write-backs, 47k requests on one port against
+  a media bound of 43k cycles (hw/top.py shares lookup unit 0's interleaver port with it;
+  LOOKUP and UPDATE never run at the same time). No line is on both ports (the gradients
+  are never written by the engine), so no ordering between them is needed.
 
 Constructor: ``UpdateEngine(addr_bits=, capacity_lines=, ctx_bits=None, scratch_lines=1024,
 fp32_pipeline="compact")``; ``fp32_pipeline`` picks the FMA / divider pipelines
@@ -108,7 +115,7 @@ Scratchpad (a write-back cache of rows)
   cleared by issues, two write ports) are read by the FMA window's entries (and the MUL
   front): flip-flops, below the audit's 4-kbit limit (tools/mem_audit.py).
 
-Pipeline, latency and throughput (one request per cycle at most)
+Pipeline, latency and throughput (one request per cycle and port at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
   non-empty bag into a 512-line ring); 1/L through Fp32DivInt (10 cycles, pipelined).
 - Lookahead: a hit costs 1 cycle (row address, tag-set read and compare are pipelined), a
@@ -137,9 +144,12 @@ Pipeline, latency and throughput (one request per cycle at most)
   for rows of two or more lines (SUM; with MUL, the MUL front's one line per cycle).
 - End: write-back of every cached row (one line per cycle as the port accepts), then ``done``
   after the last write response.
-- Validation streams whole lines: the offsets through a 64-line reorder buffer, the indices
-  through a 128-line one, so at a 120-cycle read latency it takes about 2 cycles per offsets
-  line and 1 per indices line (16 elements each), plus 1 per table.
+- Validation streams whole lines through 128-line reorder buffers, the offsets and then the
+  indices, so at a 120-cycle read latency it takes about 1 cycle per line (16 elements: a
+  line is checked and popped in one cycle), plus 1 per table on each array (an offsets
+  line holding table starts stays one cycle more per start). rm4 b512 in the engine's
+  testbench: 3,000 cycles for 3,330 lines (before: 64 lines for the offsets and a check
+  cycle before each pop, 5,600).
 - Fixed cost per command: the offsets and then the indices round trip (validation), the
   first fills, the last writes (about 600-900 cycles at 120/280-cycle read/write latency).
 Measured (tests/test_update_engine.py, test_perf: 120-cycle reads, 280-cycle writes retired at
@@ -382,7 +392,7 @@ class UpdateEngine(wiring.Component):
     MISS_DEPTH = 16                  # misses (victim write-back + fill) queued for the port
     FMA_QUEUE_DEPTH = 16
     BAG_DEPTH = 32
-    OFFSETS_ROB = 64
+    OFFSETS_ROB = 128
     INDICES_ROB = 128
     WEIGHTS_ROB = 16
 
@@ -414,6 +424,7 @@ class UpdateEngine(wiring.Component):
         super().__init__({
             "ctl": In(engine_control_signature()),
             "mem": Out(client_port_signature(addr_bits, ctx_bits)),
+            "grad_port": Out(client_port_signature(addr_bits, ctx_bits)),
         })
 
     # ------------------------------------------------------------------------------------
@@ -508,7 +519,7 @@ class UpdateEngine(wiring.Component):
                              (src_off, rd_off, Kind.OFFSETS)):
             m.d.comb += [src.valid.eq(r.req_valid), r.req_ready.eq(src.ready), src.addr.eq(r.req_addr),
                          src.ctx.eq(ctx_of(kind, r.req_slot))]
-        sources = [src_look, src_grad, src_idx, src_w, src_off]
+        sources = [src_look, src_idx, src_w, src_off]
 
         req = self.mem.req
         out_valid = Signal()
@@ -535,24 +546,41 @@ class UpdateEngine(wiring.Component):
         issued_wr = Signal()
         m.d.comb += [issued_rd.eq(take & granted & ~g_write), issued_wr.eq(take & granted & g_write)]
 
+        # The gradient reads have a port of their own (grad_port), with its own request register.
+        greq = self.grad_port.req
+        g_out_valid = Signal()
+        g_take = Signal()
+        issued_grad = Signal()
+        m.d.comb += [g_take.eq(~g_out_valid | greq.ready), greq.valid.eq(g_out_valid),
+                     issued_grad.eq(g_take & src_grad.valid & ~freeze), src_grad.ready.eq(issued_grad),
+                     greq.payload.write.eq(0), greq.payload.strb.eq(Const((1 << 64) - 1, 64)),
+                     greq.payload.poison.eq(0)]
+        with m.If(g_take):
+            m.d.sync += g_out_valid.eq(issued_grad)
+        with m.If(issued_grad):
+            m.d.sync += [greq.payload.addr.eq(src_grad.addr), greq.payload.ctx.eq(src_grad.ctx)]
+
         # ---------------------------------------------------------------- responses --
         rsp = self.mem.rd_rsp
         wrsp = self.mem.wr_rsp
-        m.d.comb += [rsp.ready.eq(1), wrsp.ready.eq(1)]
+        grsp = self.grad_port.rd_rsp             # gradient lines only (grad_port never writes)
+        m.d.comb += [rsp.ready.eq(1), wrsp.ready.eq(1), grsp.ready.eq(1), self.grad_port.wr_rsp.ready.eq(1)]
+        gpay = grsp.payload.ctx[:PB]
         rkind = rsp.payload.ctx[PB:PB + KIND_BITS]
         rpay = rsp.payload.ctx[:PB]
         for r, kind in ((rd_off, Kind.OFFSETS), (rd_idx, Kind.INDICES), (rd_w, Kind.WEIGHTS)):
             m.d.comb += [r.rsp_valid.eq(rsp.valid & (rkind == kind)), r.rsp_slot.eq(rpay[:r.slot_bits]),
                          r.rsp_data.eq(rsp.payload.data)]
-        m.d.sync += [reads_out.eq(reads_out + issued_rd - rsp.valid),
+        m.d.sync += [reads_out.eq(reads_out + issued_rd + issued_grad - rsp.valid - grsp.valid),
                      writes_out.eq(writes_out + issued_wr - wrsp.valid)]
-        with m.If(issued_rd):
-            m.d.sync += st_lines_read.eq(st_lines_read + 1)
+        m.d.sync += st_lines_read.eq(st_lines_read + issued_rd + issued_grad)
         with m.If(issued_wr):
             m.d.sync += st_lines_written.eq(st_lines_written + 1)
         with m.If(~media_err):
             with m.If(wrsp.valid & wrsp.payload.error):
                 m.d.sync += [media_err.eq(1), media_info.eq(int(Kind.WB) << 24)]
+            with m.If(grsp.valid & (grsp.payload.error | grsp.payload.poison)):
+                m.d.sync += [media_err.eq(1), media_info.eq(int(Kind.GRAD) << 24)]
             with m.If(rsp.valid & (rsp.payload.error | rsp.payload.poison)):
                 m.d.sync += [media_err.eq(1), media_info.eq(Cat(Const(0, 24), rkind))]
 
@@ -597,9 +625,8 @@ class UpdateEngine(wiring.Component):
         garr_fma_b = grad_arrived.read_port(domain="comb")   # ... and entry B's
         garr_fma_a1 = grad_arrived.read_port(domain="comb")  # A's next line (a line pair)
         garr_fma_b1 = grad_arrived.read_port(domain="comb")  # ... and B's
-        m.d.comb += [grad_wp.addr.eq(rpay[:GB]), grad_wp.data.eq(rsp.payload.data),
-                     grad_wp.en.eq(rsp.valid & (rkind == Kind.GRAD)),
-                     garr_set.addr.eq(rpay[:GB]), garr_set.data.eq(1), garr_set.en.eq(rsp.valid & (rkind == Kind.GRAD)),
+        m.d.comb += [grad_wp.addr.eq(gpay[:GB]), grad_wp.data.eq(grsp.payload.data), grad_wp.en.eq(grsp.valid),
+                     garr_set.addr.eq(gpay[:GB]), garr_set.data.eq(1), garr_set.en.eq(grsp.valid),
                      garr_clr.data.eq(0)]
 
         m.submodules.tb_mem = tb_mem = Memory(shape=32, depth=MAX_TABLES + 1, init=[])
@@ -609,7 +636,6 @@ class UpdateEngine(wiring.Component):
         # ---------------------------------------------------------------- main FSM --
         t_chk = Signal(8)
         line_pos = Signal(48)                   # element position of lane 0 of the current line
-        checked = Signal()
         prev_last = Signal(32)
         cap_t = Signal(8)
         nb = Signal(48)                         # next table boundary position t*B
@@ -686,7 +712,7 @@ class UpdateEngine(wiring.Component):
                         m.d.sync += max_lines.eq(lines_of_tab)
                     m.d.sync += t_chk.eq(t_chk + 1)
                     with m.If(t_chk + 1 == cmd.num_tables):
-                        m.d.sync += [state.eq(Main.OFFS_SCAN), line_pos.eq(0), checked.eq(0), cap_t.eq(0),
+                        m.d.sync += [state.eq(Main.OFFS_SCAN), line_pos.eq(0), cap_t.eq(0),
                                      nb.eq(0)]
 
             with m.Case(Main.OFFS_SCAN):
@@ -707,11 +733,11 @@ class UpdateEngine(wiring.Component):
                 with m.If(media_err):
                     fail(NdpError.MEDIA, media_info)
                 with m.Elif(rd_off.out_valid):
-                    with m.If(~checked):
-                        with m.If(any_bad):
-                            fail(NdpError.OFFSETS, (line_pos + first_bad)[:32])
-                        with m.Else():
-                            m.d.sync += checked.eq(1)
+                    # A line is checked, its table starts captured (one per cycle) and it is
+                    # popped, all while it is at the head: one line per cycle when it holds
+                    # no table start.
+                    with m.If(any_bad):
+                        fail(NdpError.OFFSETS, (line_pos + first_bad)[:32])
                     with m.Elif((cap_t <= cmd.num_tables) & (nb < line_pos + LANES)):
                         # Capture offsets[t*B] (table t's first index position), one per cycle.
                         value = rd_off.out_data.word_select((nb - line_pos)[:4], 32)
@@ -723,7 +749,7 @@ class UpdateEngine(wiring.Component):
                         m.d.sync += [cap_t.eq(cap_t + 1), nb.eq(nb + cmd.batch_size)]
                     with m.Else():
                         m.d.comb += val_pop_off.eq(1)
-                        m.d.sync += [checked.eq(0), line_pos.eq(line_pos + LANES), prev_last.eq(line[LANES - 1])]
+                        m.d.sync += [line_pos.eq(line_pos + LANES), prev_last.eq(line[LANES - 1])]
                         with m.If(line_pos[4:] == n_bags[4:]):
                             m.d.sync += state.eq(Main.IDX_PREP)
 
@@ -842,7 +868,7 @@ class UpdateEngine(wiring.Component):
                     m.d.sync += state.eq(Main.DONE)
 
             with m.Case(Main.ABORT):
-                with m.If((reads_out == 0) & (writes_out == 0) & ~out_valid):
+                with m.If((reads_out == 0) & (writes_out == 0) & ~out_valid & ~g_out_valid):
                     m.d.comb += abort_go.eq(1)
                     m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(media_info), state.eq(Main.ABORT_SCAN)]
 
