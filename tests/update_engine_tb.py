@@ -449,6 +449,16 @@ class Workload:
         for t in range(len(self.tables)):
             self.tables[t] = self.device_table(t).copy()
 
+    def row_lines(self, args: dict) -> set[int]:
+        """The memory lines of every row the batch updates."""
+        B, offs, idx = args["B"], args["offsets"].astype(np.int64), args["indices"].astype(np.int64)
+        out = set()
+        for t, d in enumerate(self.descs):
+            n = d["dim"] // 16
+            for r in set(int(x) for x in idx[offs[t * B]:offs[(t + 1) * B]]):
+                out.update(range(d["base_addr"] + r * n, d["base_addr"] + (r + 1) * n))
+        return out
+
     def expected_traffic(self, args: dict) -> tuple[int, int, int]:
         """(lines read, lines written, distinct rows) when no row is evicted."""
         B, offs, idx = args["B"], args["offsets"].astype(np.int64), args["indices"].astype(np.int64)
@@ -523,13 +533,16 @@ async def run_and_check(bench: Bench, wl: Workload, args: dict, what: str, *, ex
     assert st["lookups"] == total, (what, st)
     assert st["lines_read"] == bench.lines_read and st["lines_written"] == bench.lines_written, (what, st)
     assert st["lines_pushed"] == 0
-    assert st["rows_written"] == st["rows_read"], (what, st)
+    # Every row read is written back at least once (the cleaner writes a row again when it is
+    # hit after an eager write-back).
+    assert st["rows_written"] >= st["rows_read"], (what, st)
     exp_read, exp_written, distinct = wl.expected_traffic(placed)
     if exact_traffic:
-        # Every distinct row is read once and written once; nothing else is written.
-        assert (st["lines_read"], st["lines_written"]) == (exp_read, exp_written), (what, st, exp_read, exp_written)
+        # Every distinct row is read once and written at least once; nothing else is written.
+        assert st["lines_read"] == exp_read, (what, st, exp_read)
         assert st["rows_read"] == distinct, (what, st, distinct)
-        assert all(n == 1 for n in bench.writes_by_line.values()), what
+        assert set(bench.writes_by_line) == wl.row_lines(placed), what
+        assert len(bench.writes_by_line) == exp_written
     else:
         assert distinct <= st["rows_read"], (what, st, distinct)
     assert st["unique_rows"] == 0, (what, st)             # UPDATE does not count them (LOG does)
