@@ -31,10 +31,12 @@ CAPACITY = int(os.environ.get("UE_TEST_CAPACITY", "60000"))   # not a power of t
 VARIANTS = {"update_engine": (1024, "compact"), "update_engine_small": (64, "compact"),
             "update_engine_deep": (1024, "deep")}
 TESTS = {
-    "update_engine": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow", "test_errors",
+    "update_engine": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_shared_table_pair",
+                      "test_scratchpad_overflow", "test_errors",
                       "test_media_error", "test_perf", "test_rm4_trace",
                       "test_tag_conflicts_under_backpressure"],
-    "update_engine_small": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow",
+    "update_engine_small": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_shared_table_pair",
+                            "test_scratchpad_overflow",
                             "test_rm4_trace", "test_tag_conflicts_under_backpressure"],
     # the 12-cycle FMA: hot rows exercise the longer same-line hazard window and forwarding
     "update_engine_deep": ["test_mixed_modes", "test_hot_rows_and_dim256", "test_scratchpad_overflow"],

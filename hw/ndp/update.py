@@ -70,8 +70,10 @@ the recovery path. After any error the engine is ready for the next command.
 Stats (EngineStats, valid with ``done``, also after an error): lookups = occurrences
 applied; rows_read / rows_written = row fills / row write-backs (on success rows_written >=
 rows_read: a row the cleaner wrote back and that is hit again is written back again);
-lines_read = every line read: offsets and used indices twice (once per pass), weights
-(when has_weights), the gradients of non-empty bags, rows; lines_written = row lines
+lines_read = every line read: the offsets and the used indices in validation, again in the
+apply pass by table (each table's offsets[t*B..(t+1)*B] and indices; a line two tables share
+is read for each), the weights (when has_weights, by table), the gradients of non-empty
+bags, rows; lines_written = row lines
 written; lines_pushed = 0; unique_rows = 0. UPDATE does not count distinct rows: with
 evictions that needs a set as large as the batch's rows (an earlier 4*scratch_lines hash
 filter gave only a lower bound, 4,244 for rm1's 16,372 at batch 64). LOG counts them exactly
@@ -133,9 +135,34 @@ Scratchpad (a write-back cache of rows)
   cleaner's dirty bits (a scratch_lines register). The slot memory has a second read port,
   the cleaner's (a replica block RAM, transparent for the one write port).
 
+Two tables at a time (the apply pass)
+- Occurrences need not go to the datapath in input order: the bag stage takes the tables in
+  pairs (2p, 2p + 1) and, when the pair qualifies, alternates their bags (bag b of table 2p,
+  bag b of table 2p + 1, bag b + 1 of table 2p, ...). Each table's occurrences keep their
+  order, and the two tables' rows are different rows, so every row sees its updates in
+  input order: the result is the same bit for bit. A pair qualifies when its row ranges are
+  disjoint (a table named twice never does) and one of its tables spans at most
+  scratch_lines/8 lines (``interleave_lines``; validation decides it per pair, ``pair_il``);
+  other pairs go one table after the other.
+- Why: a small table's rows recur within a few occurrences (rm4's tables of 3 to 105 rows
+  under Zipf), and one row's updates form a chain of FMA latencies. In input order such a
+  table keeps the datapath waiting while the media idle, and the next, cold table keeps the
+  media busy while the datapath idles. Alternating with the other table of the pair fills
+  the chain's gaps (a trace model of the FMA alone on rm4 b512: 38.7k cycles in input order,
+  32.2k with the qualifying pairs interleaved, 30.5k with every pair, 26.9k with four tables
+  at a time). Why only with a small table: two large tables interleaved share the
+  scratchpad between two working sets; with every pair interleaved rm1 b64 re-read 27,179
+  rows instead of 22,265 and took 217,009 cycles instead of 182,040 in the engine's
+  testbench. A small table costs the other at most an eighth of the scratchpad.
+- Each lane (0: tables 2p, 1: tables 2p + 1) has its own readers and element streams of the
+  offsets, indices and weights (the validation's readers are lane 0's); a lane reads its
+  tables' runs back to back, the reader starting the next run as soon as it has issued the
+  last one. The request ctx names the lane in the payload's top bit.
+
 Pipeline, latency and throughput (one request per cycle and port at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
-  non-empty bag into a 512-line ring); 1/L through Fp32DivInt (10 cycles, pipelined).
+  non-empty bag into a 512-line ring, and 6 cycles per table pair to start it); 1/L through
+  Fp32DivInt (10 cycles, pipelined).
 - Lookahead: a hit costs 1 cycle (row address, tag-set read and compare are pipelined), a
   miss into a free slot 1, a miss that evicts 2 (+1 per slot the CLOCK hand passes) while the
   miss queue has room; the port then spends dim/16 requests on the fill and as many on the
@@ -187,6 +214,7 @@ hw/mem/port.py (read-after-write per line, writes to a line in order).
 from __future__ import annotations
 
 import enum
+from types import SimpleNamespace
 
 from amaranth import Cat, Const, Elaboratable, Module, Mux, ResetInserter, Signal, Value
 from amaranth.lib import data, wiring
@@ -254,6 +282,7 @@ class _LineReader(Elaboratable):
         self.out_valid = Signal()
         self.out_ready = Signal()
         self.out_data = Signal(LINE_BITS)
+        self.issue_idle = Signal()              # every line of the run issued: ``start`` may come
 
     def elaborate(self, platform):
         m = Module()
@@ -272,6 +301,7 @@ class _LineReader(Elaboratable):
         m.d.comb += [
             occupancy.eq(issue_ptr - head),
             self.req_valid.eq((remaining != 0) & (occupancy != depth)),
+            self.issue_idle.eq(remaining == 0),
             self.req_addr.eq(next_addr),
             self.req_slot.eq(issue_ptr[:sb]),
         ]
@@ -312,11 +342,13 @@ class _ElementStream(Elaboratable):
         self.valid = Signal()
         self.ready = Signal()
         self.data = Signal(32)
+        self.idle = Signal()                    # the run's elements all taken: ``start`` may come
 
     def elaborate(self, platform):
         m = Module()
         lane = Signal(4)
         remaining = Signal.like(self.count)
+        m.d.comb += self.idle.eq(remaining == 0)
         take = Signal()
         m.d.comb += [
             self.valid.eq(self.line_valid & (remaining != 0)),
@@ -436,6 +468,7 @@ class UpdateEngine(wiring.Component):
         self.capacity_lines = capacity_lines
         self.ctx_bits = ctx_bits
         self.scratch_lines = scratch_lines
+        self.interleave_lines = scratch_lines // 8     # "Two tables at a time": a small table
         if fp32_pipeline not in Fp32Fma.LATENCIES:
             raise ValueError(f"fp32_pipeline must be one of {tuple(Fp32Fma.LATENCIES)}, not {fp32_pipeline!r}")
         self.fp32_pipeline = fp32_pipeline
@@ -513,11 +546,22 @@ class UpdateEngine(wiring.Component):
         m.submodules.es_off = es_off = ResetInserter(clr)(_ElementStream(cnt_bits))
         m.submodules.es_idx = es_idx = ResetInserter(clr)(_ElementStream(cnt_bits))
         m.submodules.es_w = es_w = ResetInserter(clr)(_ElementStream(cnt_bits))
+        # The apply pass's lane 1 (tables 1, 3, 5, ...; lane 0, tables 0, 2, 4, ..., reads
+        # through the validation's readers): see "Two tables at a time" above.
+        m.submodules.rd_off1 = rd_off1 = ResetInserter(clr)(_LineReader(self.OFFSETS_ROB, A))
+        m.submodules.rd_idx1 = rd_idx1 = ResetInserter(clr)(_LineReader(self.INDICES_ROB, A))
+        m.submodules.rd_w1 = rd_w1 = ResetInserter(clr)(_LineReader(self.WEIGHTS_ROB, A))
+        m.submodules.es_off1 = es_off1 = ResetInserter(clr)(_ElementStream(cnt_bits))
+        m.submodules.es_idx1 = es_idx1 = ResetInserter(clr)(_ElementStream(cnt_bits))
+        m.submodules.es_w1 = es_w1 = ResetInserter(clr)(_ElementStream(cnt_bits))
+        lanes = [SimpleNamespace(rd_off=rd_off, rd_idx=rd_idx, rd_w=rd_w, es_off=es_off, es_idx=es_idx, es_w=es_w),
+                 SimpleNamespace(rd_off=rd_off1, rd_idx=rd_idx1, rd_w=rd_w1, es_off=es_off1, es_idx=es_idx1,
+                                 es_w=es_w1)]
         rd_clr = Signal()
-        for r in (rd_off, rd_idx, rd_w):
-            m.d.comb += r.clear.eq(rd_clr)
-        for e, r in ((es_off, rd_off), (es_idx, rd_idx), (es_w, rd_w)):
-            m.d.comb += [e.clear.eq(rd_clr), e.line_valid.eq(r.out_valid), e.line_data.eq(r.out_data)]
+        for ln in lanes:
+            for r, e in ((ln.rd_off, ln.es_off), (ln.rd_idx, ln.es_idx), (ln.rd_w, ln.es_w)):
+                m.d.comb += [r.clear.eq(rd_clr), e.clear.eq(rd_clr), e.line_valid.eq(r.out_valid),
+                             e.line_data.eq(r.out_data)]
         # In the apply pass the element streams consume the readers; in validation the main
         # FSM takes whole lines (val_pop).
         val_pop_off = Signal()
@@ -526,6 +570,8 @@ class UpdateEngine(wiring.Component):
             rd_off.out_ready.eq(es_off.line_ready | val_pop_off),
             rd_idx.out_ready.eq(es_idx.line_ready | val_pop_idx),
             rd_w.out_ready.eq(es_w.line_ready),
+            rd_off1.out_ready.eq(es_off1.line_ready), rd_idx1.out_ready.eq(es_idx1.line_ready),
+            rd_w1.out_ready.eq(es_w1.line_ready),
         ]
 
         # ---------------------------------------------------------------- request path --
@@ -534,11 +580,17 @@ class UpdateEngine(wiring.Component):
         src_idx = _Source("idx", A, self.ctx_bits)
         src_w = _Source("w", A, self.ctx_bits)
         src_off = _Source("off", A, self.ctx_bits)
-        for src, r, kind in ((src_idx, rd_idx, Kind.INDICES), (src_w, rd_w, Kind.WEIGHTS),
-                             (src_off, rd_off, Kind.OFFSETS)):
+        src_idx1 = _Source("idx1", A, self.ctx_bits)
+        src_w1 = _Source("w1", A, self.ctx_bits)
+        src_off1 = _Source("off1", A, self.ctx_bits)
+        # A reader's ctx: its buffer slot, and the lane in the payload's top bit.
+        assert PB - 1 >= max(r.slot_bits for r in (rd_off, rd_idx, rd_w))
+        for src, r, kind, lane in ((src_idx, rd_idx, Kind.INDICES, 0), (src_w, rd_w, Kind.WEIGHTS, 0),
+                                   (src_off, rd_off, Kind.OFFSETS, 0), (src_idx1, rd_idx1, Kind.INDICES, 1),
+                                   (src_w1, rd_w1, Kind.WEIGHTS, 1), (src_off1, rd_off1, Kind.OFFSETS, 1)):
             m.d.comb += [src.valid.eq(r.req_valid), r.req_ready.eq(src.ready), src.addr.eq(r.req_addr),
-                         src.ctx.eq(ctx_of(kind, r.req_slot))]
-        sources = [src_look, src_idx, src_w, src_off]
+                         src.ctx.eq(ctx_of(kind, Cat(r.req_slot, Const(0, PB - 1 - r.slot_bits), Const(lane, 1))))]
+        sources = [src_look, src_idx, src_idx1, src_w, src_w1, src_off, src_off1]
 
         req = self.mem.req
         out_valid = Signal()
@@ -587,9 +639,10 @@ class UpdateEngine(wiring.Component):
         gpay = grsp.payload.ctx[:PB]
         rkind = rsp.payload.ctx[PB:PB + KIND_BITS]
         rpay = rsp.payload.ctx[:PB]
-        for r, kind in ((rd_off, Kind.OFFSETS), (rd_idx, Kind.INDICES), (rd_w, Kind.WEIGHTS)):
-            m.d.comb += [r.rsp_valid.eq(rsp.valid & (rkind == kind)), r.rsp_slot.eq(rpay[:r.slot_bits]),
-                         r.rsp_data.eq(rsp.payload.data)]
+        for lane, ln in enumerate(lanes):
+            for r, kind in ((ln.rd_off, Kind.OFFSETS), (ln.rd_idx, Kind.INDICES), (ln.rd_w, Kind.WEIGHTS)):
+                m.d.comb += [r.rsp_valid.eq(rsp.valid & (rkind == kind) & (rpay[PB - 1] == lane)),
+                             r.rsp_slot.eq(rpay[:r.slot_bits]), r.rsp_data.eq(rsp.payload.data)]
         m.d.sync += [reads_out.eq(reads_out + issued_rd + issued_grad - rsp.valid - grsp.valid),
                      writes_out.eq(writes_out + issued_wr - wrsp.valid)]
         m.d.sync += st_lines_read.eq(st_lines_read + issued_rd + issued_grad)
@@ -654,6 +707,9 @@ class UpdateEngine(wiring.Component):
 
         # ---------------------------------------------------------------- main FSM --
         t_chk = Signal(8)
+        pair_il = Signal(MAX_TABLES // 2)       # per table pair: interleave its bags
+        pair_lo = Signal(WIDE)                  # the even table's rows, while checking the odd
+        pair_hi = Signal(WIDE)
         line_pos = Signal(48)                   # element position of lane 0 of the current line
         prev_last = Signal(32)
         cap_t = Signal(8)
@@ -662,6 +718,7 @@ class UpdateEngine(wiring.Component):
         flush_go = Signal()
         abort_go = Signal()
         bag_go = Signal()
+        runs_go = Signal()                      # the apply pass's readers start their table runs
         look_go = Signal()
         mgr_idle = Signal()
         bag_done = Signal()
@@ -702,7 +759,7 @@ class UpdateEngine(wiring.Component):
                         err.eq(NdpError.OK), err_info.eq(0), media_err.eq(0), media_info.eq(0),
                         st_rows_read.eq(0), st_rows_written.eq(0),
                         st_lines_read.eq(0), st_lines_written.eq(0),
-                        max_lines.eq(0), t_chk.eq(0), total.eq(0), frozen.eq(0),
+                        max_lines.eq(0), t_chk.eq(0), total.eq(0), frozen.eq(0), pair_il.eq(0),
                         state.eq(Main.CHK_OFFS),
                     ]
 
@@ -729,6 +786,15 @@ class UpdateEngine(wiring.Component):
                 with m.Else():
                     with m.If(lines_of_tab > max_lines):
                         m.d.sync += max_lines.eq(lines_of_tab)
+                    # The pair (t - 1, t) is interleaved when one of its tables is small and
+                    # their rows do not overlap (see "Two tables at a time").
+                    with m.If(t_chk[0]):
+                        small = ((row_end - tab.base_addr <= self.interleave_lines)
+                                 | (pair_hi - pair_lo <= self.interleave_lines))
+                        disjoint = (row_end <= pair_lo) | (pair_hi <= tab.base_addr)
+                        m.d.sync += pair_il.bit_select(t_chk[1:], 1).eq(small & disjoint)
+                    with m.Else():
+                        m.d.sync += [pair_lo.eq(tab.base_addr), pair_hi.eq(row_end)]
                     m.d.sync += t_chk.eq(t_chk + 1)
                     with m.If(t_chk + 1 == cmd.num_tables):
                         m.d.sync += [state.eq(Main.OFFS_SCAN), line_pos.eq(0), cap_t.eq(0),
@@ -848,19 +914,7 @@ class UpdateEngine(wiring.Component):
                 m.d.sync += state.eq(Main.APPLY_START)
 
             with m.Case(Main.APPLY_START):
-                first_rel = tb_first >> 4
-                n_idx_lines = (((tb_last - 1)[:32] >> 4) - first_rel + 1)
-                m.d.comb += [
-                    rd_off.start.eq(1), rd_off.first_line.eq(cmd.offsets_addr), rd_off.n_lines.eq((n_bags >> 4) + 1),
-                    es_off.start.eq(1), es_off.first_lane.eq(0), es_off.count.eq(n_bags + 1),
-                    rd_idx.start.eq(1), rd_idx.first_line.eq(cmd.indices_addr + first_rel),
-                    rd_idx.n_lines.eq(n_idx_lines),
-                    es_idx.start.eq(1), es_idx.first_lane.eq(tb_first[:4]), es_idx.count.eq(total),
-                    rd_w.start.eq(cmd.flags.has_weights), rd_w.first_line.eq(cmd.weights_addr + first_rel),
-                    rd_w.n_lines.eq(n_idx_lines),
-                    es_w.start.eq(cmd.flags.has_weights), es_w.first_lane.eq(tb_first[:4]), es_w.count.eq(total),
-                    bag_go.eq(1), look_go.eq(1),
-                ]
+                m.d.comb += [runs_go.eq(1), bag_go.eq(1), look_go.eq(1)]
                 m.d.sync += state.eq(Main.APPLY)
 
             with m.Case(Main.APPLY):
@@ -899,17 +953,82 @@ class UpdateEngine(wiring.Component):
                 m.d.sync += state.eq(Main.IDLE)
         m.d.comb += tb_rp.en.eq(1)
 
+        # ---------------------------------------------------------------- table runs --
+        # Each lane's readers read its tables' runs back to back: offsets[t*B .. (t+1)*B]
+        # (B + 1 elements) and the indices (and weights) [offsets[t*B], offsets[(t+1)*B]) of
+        # t = lane, lane + 2, ... (offsets[t*B] from the table starts the validation captured).
+        # A reader starts a run once it has issued the previous one (its buffer delivers them in
+        # order); an element stream starts its run once the previous run's elements are taken.
+        # A table without indices has no index run.
+        runs_on = Signal()
+        with m.If(runs_go):
+            m.d.sync += runs_on.eq(1)
+        with m.Elif(clr | (state == Main.DONE)):
+            m.d.sync += runs_on.eq(0)
+        bsz, ntab = cmd.batch_size, cmd.num_tables
+        for lane, ln in enumerate(lanes):
+            first_elem = bsz if lane else 0
+            o_t, e_t = Signal(8, name=f"off_rd_t{lane}"), Signal(8, name=f"off_es_t{lane}")
+            o_e, e_e = Signal(48, name=f"off_rd_e{lane}"), Signal(48, name=f"off_es_e{lane}")
+            i_t, j_t = Signal(8, name=f"idx_rd_t{lane}"), Signal(8, name=f"idx_es_t{lane}")
+            with m.If(runs_go):
+                m.d.sync += [o_t.eq(lane), e_t.eq(lane), o_e.eq(first_elem), e_e.eq(first_elem), i_t.eq(lane),
+                             j_t.eq(lane)]
+            with m.If(runs_on & (o_t < ntab) & ln.rd_off.issue_idle):
+                m.d.comb += [ln.rd_off.start.eq(1), ln.rd_off.first_line.eq(cmd.offsets_addr + (o_e >> 4)),
+                             ln.rd_off.n_lines.eq(((o_e + bsz) >> 4) - (o_e >> 4) + 1)]
+                m.d.sync += [o_t.eq(o_t + 2), o_e.eq(o_e + 2 * bsz)]
+            with m.If(runs_on & (e_t < ntab) & ln.es_off.idle):
+                m.d.comb += [ln.es_off.start.eq(1), ln.es_off.first_lane.eq(e_e[:4]), ln.es_off.count.eq(bsz + 1)]
+                m.d.sync += [e_t.eq(e_t + 2), e_e.eq(e_e + 2 * bsz)]
+            rd_lo, rd_hi = tb_mem.read_port(domain="comb"), tb_mem.read_port(domain="comb")
+            es_lo, es_hi = tb_mem.read_port(domain="comb"), tb_mem.read_port(domain="comb")
+            m.d.comb += [rd_lo.addr.eq(i_t), rd_hi.addr.eq(i_t + 1), es_lo.addr.eq(j_t), es_hi.addr.eq(j_t + 1)]
+            with m.If(runs_on & (i_t < ntab)):
+                first_rel = rd_lo.data >> 4
+                n_lines = ((rd_hi.data - 1)[:32] >> 4) - first_rel + 1
+                with m.If(rd_lo.data == rd_hi.data):
+                    m.d.sync += i_t.eq(i_t + 2)
+                with m.Elif(ln.rd_idx.issue_idle & ln.rd_w.issue_idle):
+                    m.d.comb += [ln.rd_idx.start.eq(1), ln.rd_idx.first_line.eq(cmd.indices_addr + first_rel),
+                                 ln.rd_idx.n_lines.eq(n_lines),
+                                 ln.rd_w.start.eq(cmd.flags.has_weights),
+                                 ln.rd_w.first_line.eq(cmd.weights_addr + first_rel), ln.rd_w.n_lines.eq(n_lines)]
+                    m.d.sync += i_t.eq(i_t + 2)
+            with m.If(runs_on & (j_t < ntab)):
+                count = (es_hi.data - es_lo.data)[:32]
+                with m.If(es_lo.data == es_hi.data):
+                    m.d.sync += j_t.eq(j_t + 2)
+                with m.Elif(ln.es_idx.idle & ln.es_w.idle):
+                    m.d.comb += [ln.es_idx.start.eq(1), ln.es_idx.first_lane.eq(es_lo.data[:4]),
+                                 ln.es_idx.count.eq(count),
+                                 ln.es_w.start.eq(cmd.flags.has_weights), ln.es_w.first_lane.eq(es_lo.data[:4]),
+                                 ln.es_w.count.eq(count)]
+                    m.d.sync += j_t.eq(j_t + 2)
+
         # ---------------------------------------------------------------- bag stage --
-        # Walks offsets[0..T*B]; for each non-empty bag fetches its gradient lines into the
-        # ring and sends {table info, L, ring position} through the 1/L divider.
+        # Walks the bags two tables at a time (the pair 2p, 2p + 1: lane 0 and lane 1), bag b of
+        # lane 0, then bag b of lane 1, then bag b + 1 ... (one table after the other unless the
+        # pair qualifies, ``pair_il``); for each non-empty bag fetches its gradient lines
+        # into the ring and sends {table info, L, ring position, lane} through the 1/L divider.
         bstate = Signal(Bag)
-        bt = Signal(8)
+        pt = Signal(8)                          # the pair's lane-0 table
+        cl = Signal()                           # the lane whose bag is next
         bb = Signal(32)
-        prev_off = Signal(32)
-        tb_base = Signal(32)
-        tb_lines = Signal(5)
-        tb_mode = Signal(PoolMode)
-        grad_row = Signal(WIDE)
+        ln_prev = [Signal(32, name=f"prev_off{j}") for j in range(2)]
+        ln_base = [Signal(32, name=f"tb_base{j}") for j in range(2)]
+        ln_lines = [Signal(5, name=f"tb_lines{j}") for j in range(2)]
+        ln_mode = [Signal(PoolMode, name=f"tb_mode{j}") for j in range(2)]
+        ln_grow = [Signal(WIDE, name=f"grad_row{j}") for j in range(2)]
+        prev_off = Mux(cl, ln_prev[1], ln_prev[0])
+        tb_lines = Mux(cl, ln_lines[1], ln_lines[0])
+        grad_row = Mux(cl, ln_grow[1], ln_grow[0])
+        off_valid = Mux(cl, es_off1.valid, es_off.valid)
+        off_data = Mux(cl, es_off1.data, es_off.data)
+        off_ready = Signal()
+        m.d.comb += [es_off.ready.eq(off_ready & ~cl), es_off1.ready.eq(off_ready & cl)]
+        has1 = Signal()                         # the pair has a lane-1 table
+        m.d.comb += has1.eq(pt + 1 < ntab)
         g_head = Signal(GB + 1)
         g_tail = Signal(GB + 1)
         gk = Signal(5)
@@ -917,7 +1036,7 @@ class UpdateEngine(wiring.Component):
         bag_len = Signal(16)
         reserved = Signal(range(self.BAG_DEPTH + 2))
 
-        bag_rec = data.StructLayout({"base": 32, "lines": 5, "mode": 2, "len": 16, "gpos": GB})
+        bag_rec = data.StructLayout({"base": 32, "lines": 5, "mode": 2, "len": 16, "gpos": GB, "lane": 1})
         m.submodules.div = div = ResetInserter(clr)(Fp32DivInt(tag_width=bag_rec.size, pipeline=self.fp32_pipeline))
         m.submodules.bag_fifo = bag_fifo = ResetInserter(clr)(
             SyncFIFOBuffered(width=bag_rec.size + 32, depth=self.BAG_DEPTH))
@@ -927,8 +1046,9 @@ class UpdateEngine(wiring.Component):
         div_len = Signal(16)
         div_gpos = Signal(GB)
         drec = Signal(bag_rec)
-        m.d.comb += [drec.base.eq(tb_base), drec.lines.eq(tb_lines), drec.mode.eq(tb_mode), drec.len.eq(div_len),
-                     drec.gpos.eq(div_gpos),
+        m.d.comb += [drec.base.eq(Mux(cl, ln_base[1], ln_base[0])), drec.lines.eq(tb_lines),
+                     drec.mode.eq(Mux(cl, ln_mode[1], ln_mode[0])), drec.len.eq(div_len),
+                     drec.gpos.eq(div_gpos), drec.lane.eq(cl),
                      div.i_valid.eq(div_push), div.x.eq(ONE), div.l.eq(div_len), div.i_tag.eq(drec)]
         bag_pop = Signal()
         m.d.sync += reserved.eq(reserved + div_push - bag_pop)
@@ -939,46 +1059,80 @@ class UpdateEngine(wiring.Component):
         credit = reserved < self.BAG_DEPTH
         m.d.comb += [src_grad.write.eq(0), bag_done.eq(bstate == Bag.DONE), garr_clr.addr.eq(0)]
 
-        def advance_bag():
-            m.d.sync += [bb.eq(bb + 1), grad_row.eq(grad_row + cmd.row_pitch_lines)]
-            with m.If(bb + 1 == cmd.batch_size):
-                with m.If(bt + 1 == cmd.num_tables):
-                    m.d.sync += bstate.eq(Bag.DONE)
-                with m.Else():
-                    m.d.sync += [bt.eq(bt + 1), bstate.eq(Bag.TSEL)]
+        def next_pair():
+            m.d.sync += [cl.eq(0), bb.eq(0)]
+            with m.If(pt + 2 >= ntab):
+                m.d.sync += bstate.eq(Bag.DONE)
             with m.Else():
-                m.d.sync += bstate.eq(Bag.BAG)
+                m.d.sync += [pt.eq(pt + 2), bstate.eq(Bag.FIRST)]
+
+        def advance_bag():
+            for j in range(2):
+                with m.If(cl == j):
+                    m.d.sync += ln_grow[j].eq(ln_grow[j] + cmd.row_pitch_lines)
+            last = bb + 1 == bsz
+            with m.If(has1 & pair_il.bit_select(pt[1:], 1)):          # interleaved
+                with m.If(~cl):
+                    m.d.sync += [cl.eq(1), bstate.eq(Bag.BAG)]
+                with m.Elif(last):
+                    next_pair()
+                with m.Else():
+                    m.d.sync += [cl.eq(0), bb.eq(bb + 1), bstate.eq(Bag.BAG)]
+            with m.Elif(~last):                 # one table at a time
+                m.d.sync += [bb.eq(bb + 1), bstate.eq(Bag.BAG)]
+            with m.Elif(~cl & has1):
+                m.d.sync += [cl.eq(1), bb.eq(0), bstate.eq(Bag.BAG)]
+            with m.Else():
+                next_pair()
 
         with m.Switch(bstate):
             with m.Case(Bag.IDLE):
                 with m.If(bag_go):
-                    m.d.sync += [bt.eq(0), bstate.eq(Bag.FIRST)]
+                    m.d.sync += [pt.eq(0), cl.eq(0), bb.eq(0), bstate.eq(Bag.FIRST)]
             with m.Case(Bag.FIRST):
-                m.d.comb += es_off.ready.eq(1)
-                with m.If(es_off.valid):
-                    m.d.sync += [prev_off.eq(es_off.data), bstate.eq(Bag.TSEL)]
+                # Each lane's run starts with offsets[t*B], the first bag's start.
+                m.d.comb += off_ready.eq(1)
+                with m.If(off_valid):
+                    for j in range(2):
+                        with m.If(cl == j):
+                            m.d.sync += ln_prev[j].eq(off_data)
+                    with m.If(~cl & has1):
+                        m.d.sync += cl.eq(1)
+                    with m.Else():
+                        m.d.sync += [cl.eq(0), bstate.eq(Bag.TSEL)]
             with m.Case(Bag.TSEL):
-                m.d.comb += tbl_sel.eq(bt)
+                m.d.comb += tbl_sel.eq(pt + cl)
                 m.d.sync += bstate.eq(Bag.TLOAD)
             with m.Case(Bag.TLOAD):
-                m.d.comb += tbl_sel.eq(bt)
-                m.d.sync += [tb_base.eq(tab.base_addr), tb_lines.eq(lines_of_tab), tb_mode.eq(tab.mode),
-                             grad_row.eq(cmd.grad_addr + tab.col_lines), bb.eq(0), bstate.eq(Bag.BAG)]
+                m.d.comb += tbl_sel.eq(pt + cl)
+                for j in range(2):
+                    with m.If(cl == j):
+                        m.d.sync += [ln_base[j].eq(tab.base_addr), ln_lines[j].eq(lines_of_tab),
+                                     ln_mode[j].eq(tab.mode), ln_grow[j].eq(cmd.grad_addr + tab.col_lines)]
+                with m.If(~cl & has1):
+                    m.d.sync += [cl.eq(1), bstate.eq(Bag.TSEL)]
+                with m.Else():
+                    m.d.sync += [cl.eq(0), bb.eq(0), bstate.eq(Bag.BAG)]
             with m.Case(Bag.BAG):
-                end = es_off.data
+                end = off_data
                 blen = Signal(32)
                 m.d.comb += blen.eq(end - prev_off)
-                with m.If(es_off.valid & ~freeze):
+                with m.If(off_valid & ~freeze):
                     with m.If(blen == 0):
-                        m.d.comb += es_off.ready.eq(1)
-                        m.d.sync += prev_off.eq(end)
+                        m.d.comb += off_ready.eq(1)
+                        for j in range(2):
+                            with m.If(cl == j):
+                                m.d.sync += ln_prev[j].eq(end)
                         advance_bag()
                     with m.Elif(g_space & credit):
                         m.d.comb += [src_grad.valid.eq(1), src_grad.addr.eq(grad_row),
                                      src_grad.ctx.eq(ctx_of(Kind.GRAD, g_head[:GB]))]
                         with m.If(src_grad.ready):
-                            m.d.comb += [es_off.ready.eq(1), garr_clr.addr.eq(g_head[:GB]), garr_clr.en.eq(1)]
-                            m.d.sync += [prev_off.eq(end), g_head.eq(g_head + 1), bag_gpos.eq(g_head[:GB]),
+                            m.d.comb += [off_ready.eq(1), garr_clr.addr.eq(g_head[:GB]), garr_clr.en.eq(1)]
+                            for j in range(2):
+                                with m.If(cl == j):
+                                    m.d.sync += ln_prev[j].eq(end)
+                            m.d.sync += [g_head.eq(g_head + 1), bag_gpos.eq(g_head[:GB]),
                                          bag_len.eq(blen[:16]), gk.eq(1)]
                             with m.If(tb_lines == 1):
                                 m.d.comb += [div_push.eq(1), div_len.eq(blen[:16]), div_gpos.eq(g_head[:GB])]
@@ -1037,10 +1191,15 @@ class UpdateEngine(wiring.Component):
         s2_free = ~s2_valid | s2_done
         s1_move = s1_valid & s2_free
         s1_free = ~s1_valid | s1_move
-        occ_avail = la_valid & es_idx.valid & (~has_w | es_w.valid)
+        idx_valid = Mux(la.lane, es_idx1.valid, es_idx.valid)
+        idx_data = Mux(la.lane, es_idx1.data, es_idx.data)
+        w_valid = Mux(la.lane, es_w1.valid, es_w.valid)
+        w_data = Mux(la.lane, es_w1.data, es_w.data)
+        occ_avail = la_valid & idx_valid & (~has_w | w_valid)
         s0_take = Signal()
         m.d.comb += [s0_take.eq(occ_avail & s1_free & look_run & ~freeze),
-                     es_idx.ready.eq(s0_take), es_w.ready.eq(s0_take & has_w)]
+                     es_idx.ready.eq(s0_take & ~la.lane), es_w.ready.eq(s0_take & has_w & ~la.lane),
+                     es_idx1.ready.eq(s0_take & la.lane), es_w1.ready.eq(s0_take & has_w & la.lane)]
         m.d.comb += [bag_pop.eq(bag_fifo.r_en & bag_fifo.r_rdy),
                      bag_fifo.r_en.eq(~la_valid | (s0_take & (la_left == 1)))]
         with m.If(s0_take):
@@ -1053,10 +1212,10 @@ class UpdateEngine(wiring.Component):
         with m.If(s0_take):
             m.d.sync += [
                 s1_valid.eq(1),
-                s1_addr.eq(la.base + es_idx.data * la.lines),
+                s1_addr.eq(la.base + idx_data * la.lines),
                 s1_lines.eq(la.lines), s1_gpos.eq(la.gpos),
                 s1_scale.eq(Mux(la.mode == PoolMode.MEAN, la_inv,
-                                Mux(la.mode == PoolMode.WEIGHTED_SUM, es_w.data, ONE))),
+                                Mux(la.mode == PoolMode.WEIGHTED_SUM, w_data, ONE))),
                 s1_mul.eq(la.mode != PoolMode.SUM),
                 s1_last.eq(la_left == 1),
             ]
