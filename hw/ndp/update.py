@@ -540,23 +540,22 @@ class UpdateEngine(wiring.Component):
 
         # ---------------------------------------------------------------- stream readers --
         cnt_bits = 48
-        m.submodules.rd_off = rd_off = ResetInserter(clr)(_LineReader(self.OFFSETS_ROB, A))
-        m.submodules.rd_idx = rd_idx = ResetInserter(clr)(_LineReader(self.INDICES_ROB, A))
-        m.submodules.rd_w = rd_w = ResetInserter(clr)(_LineReader(self.WEIGHTS_ROB, A))
-        m.submodules.es_off = es_off = ResetInserter(clr)(_ElementStream(cnt_bits))
-        m.submodules.es_idx = es_idx = ResetInserter(clr)(_ElementStream(cnt_bits))
-        m.submodules.es_w = es_w = ResetInserter(clr)(_ElementStream(cnt_bits))
-        # The apply pass's lane 1 (tables 1, 3, 5, ...; lane 0, tables 0, 2, 4, ..., reads
-        # through the validation's readers): see "Two tables at a time" above.
-        m.submodules.rd_off1 = rd_off1 = ResetInserter(clr)(_LineReader(self.OFFSETS_ROB, A))
-        m.submodules.rd_idx1 = rd_idx1 = ResetInserter(clr)(_LineReader(self.INDICES_ROB, A))
-        m.submodules.rd_w1 = rd_w1 = ResetInserter(clr)(_LineReader(self.WEIGHTS_ROB, A))
-        m.submodules.es_off1 = es_off1 = ResetInserter(clr)(_ElementStream(cnt_bits))
-        m.submodules.es_idx1 = es_idx1 = ResetInserter(clr)(_ElementStream(cnt_bits))
-        m.submodules.es_w1 = es_w1 = ResetInserter(clr)(_ElementStream(cnt_bits))
-        lanes = [SimpleNamespace(rd_off=rd_off, rd_idx=rd_idx, rd_w=rd_w, es_off=es_off, es_idx=es_idx, es_w=es_w),
-                 SimpleNamespace(rd_off=rd_off1, rd_idx=rd_idx1, rd_w=rd_w1, es_off=es_off1, es_idx=es_idx1,
-                                 es_w=es_w1)]
+        # The apply pass reads the offsets, indices and weights in two lanes (tables 0, 2, 4, ...
+        # and 1, 3, 5, ...: "Two tables at a time" above); validation reads through lane 0's.
+        lanes = []
+        for sfx in ("", "1"):
+            ln = SimpleNamespace()
+            for arr, rob in (("off", self.OFFSETS_ROB), ("idx", self.INDICES_ROB), ("w", self.WEIGHTS_ROB)):
+                m.submodules[f"rd_{arr}{sfx}"] = rd = ResetInserter(clr)(_LineReader(rob, A))
+                setattr(ln, f"rd_{arr}", rd)
+            for arr in ("off", "idx", "w"):
+                m.submodules[f"es_{arr}{sfx}"] = es = ResetInserter(clr)(_ElementStream(cnt_bits))
+                setattr(ln, f"es_{arr}", es)
+            lanes.append(ln)
+        rd_off, rd_idx, rd_w, es_off, es_idx, es_w = (getattr(lanes[0], k) for k in ("rd_off", "rd_idx", "rd_w",
+                                                                                      "es_off", "es_idx", "es_w"))
+        rd_off1, rd_idx1, rd_w1, es_off1, es_idx1, es_w1 = (getattr(lanes[1], k) for k in (
+            "rd_off", "rd_idx", "rd_w", "es_off", "es_idx", "es_w"))
         rd_clr = Signal()
         for ln in lanes:
             for r, e in ((ln.rd_off, ln.es_off), (ln.rd_idx, ln.es_idx), (ln.rd_w, ln.es_w)):
