@@ -14,7 +14,8 @@ is not ready. Per-client order is kept; across clients, the memory subsystem's g
 arbiter accepted the requests.
 
 In the device (hw/top.py) it merges the shared memory port 0: the CXL.mem target, the
-command processor, the lookup feeder and the update, undo-log, MLP-log and recovery engines.
+command processor, the lookup feeder and the update, undo-log, MLP-log and recovery engines;
+and interleaver port 1: lookup unit 0 and the update engine's gradient reads.
 """
 from amaranth import Module, Cat, Const
 from amaranth.lib import stream, wiring
