@@ -202,10 +202,11 @@ Measured (tests/test_update_engine.py, test_perf: 120-cycle reads, 280-cycle wri
 dim-16 row 400 times in a row: 7.2 cycles/occurrence (its 1.7 marginal is below the 5-cycle
 chain because the 100-occurrence run is the first command and also waits for the INIT
 sweep); the same for a dim-32 WEIGHTED_SUM row: 5.2 marginal; uniform random rows, dim 16:
-5.4 (512 occurrences, no eviction) and 3.5 (4096 occurrences, evicting), 3.2 marginal (the
-write bandwidth allows 3.1); dim-64 WEIGHTED_SUM, 512 random occurrences: 15.7 (write bound:
-1940 lines at 0.32/cycle); Zipf(1.2) rows, dim 32: 2.5. (Before the second FMA slot and the
-miss queue: 6.3, 3.8, 3.5, 15.5 and 3.2.)
+5.1 (512 occurrences, no eviction) and 3.45 (4096 occurrences, evicting), 3.2 marginal (the
+write bandwidth allows 3.1); dim-64 WEIGHTED_SUM, 512 random occurrences: 15.0 (write bound:
+1940 lines at 0.32/cycle); Zipf(1.2) rows, dim 32: 2.06. (Before issue 15's tenth to twelfth
+steps: 5.4, 3.5, 15.7 and 2.5; before the second FMA slot and the miss queue: 6.3, 3.8, 3.5,
+15.5 and 3.2.)
 
 Assumptions: the processor has checked the descriptor (T in 1..128, B >= 1, dims multiples of
 16 in [16, 256], rows >= 1, pooling mode, has_weights for WEIGHTED_SUM). The memory port honours
