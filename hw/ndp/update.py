@@ -57,7 +57,14 @@ Two passes
 2. Apply: bag stage -> lookahead -> scratchpad -> datapath (below). Each row is read into the
    scratchpad, updated there, and written back when evicted, by the cleaner or at the end;
    before ``done`` every cached row is written back and every write response (durable) has
-   arrived.
+   arrived. The apply pass starts once the offsets are checked (with the indices' and
+   weights' ADDRESS), beside the index check: its lookahead takes an index only once the
+   check has passed it (``val_pos``), and nothing is written back before the check has
+   ended (``val_ok``; the misses queue their write-backs and wait). An INDEX_RANGE error, or
+   a MEDIA error, found meanwhile stops issuing, drains the responses, drops the scratchpad
+   (nothing was written) and ends with that error. So a MEDIA error of a row or gradient
+   read may be reported where, in the order above, an INDEX_RANGE error further on came
+   first; the command writes nothing either way.
    A command without index occurrences ends after validation and writes nothing.
 MEDIA, error_info = what << 24 (1 offsets, 2 indices, 3 weights, 4 gradients, 5 row read,
 6 row write): a read response with error or poison, or a write response with error. In the
@@ -195,8 +202,11 @@ Pipeline, latency and throughput (one request per cycle and port at most)
   line holding table starts stays one cycle more per start). rm4 b512 in the engine's
   testbench: 3,000 cycles for 3,330 lines (before: 64 lines for the offsets and a check
   cycle before each pop, 5,600).
-- Fixed cost per command: the offsets and then the indices round trip (validation), the
-  first fills, the last writes (about 600-900 cycles at 120/280-cycle read/write latency).
+- The index check runs beside the apply pass on its own reader, at the lowest priority of
+  the port (first, it starved the apply pass's own reads: rm4 b512 in the testbench 48,288
+  cycles; last, 47,637; before the overlap, 48,483).
+- Fixed cost per command: the offsets round trip (validation), the first fills, the last
+  writes (about 600-900 cycles at 120/280-cycle read/write latency).
 Measured (tests/test_update_engine.py, test_perf: 120-cycle reads, 280-cycle writes retired at
 0.32 lines/cycle, <= 256 reads / 128 writes outstanding; UE_PERF_JSON=F writes them): one
 dim-16 row 400 times in a row: 7.2 cycles/occurrence (its 1.7 marginal is below the 5-cycle
@@ -262,14 +272,14 @@ class _LineReader(Elaboratable):
 
     Reads are issued while the reorder buffer (``depth`` lines) has room; responses (any
     order) land in the buffer slot named by ``req_slot``; ``out`` presents them in order
-    from a registered read port. ``start`` begins a run; ``clear`` forgets everything (only
-    when no read of this reader is outstanding).
+    from a registered read port. ``start`` begins a run (a run may start once the previous one
+    is issued, ``issue_idle``: the buffer delivers them back to back). A command's reset
+    (``ResetInserter``) forgets everything.
     """
 
     def __init__(self, depth, addr_bits):
         self.depth = depth
         self.slot_bits = ceil_log2(depth)
-        self.clear = Signal()
         self.start = Signal()
         self.first_line = Signal(addr_bits)
         self.n_lines = Signal(addr_bits + 1)
@@ -323,9 +333,6 @@ class _LineReader(Elaboratable):
             m.d.sync += [head.eq(head + 1), self.out_valid.eq(1)]
         with m.Elif(self.out_ready):
             m.d.sync += self.out_valid.eq(0)
-
-        with m.If(self.clear):
-            m.d.sync += [remaining.eq(0), issue_ptr.eq(0), head.eq(0), arrived.eq(0), self.out_valid.eq(0)]
         return m
 
 
@@ -333,7 +340,6 @@ class _ElementStream(Elaboratable):
     """u32 elements out of a line stream: ``count`` elements from lane ``first_lane`` on."""
 
     def __init__(self, count_bits):
-        self.clear = Signal()
         self.start = Signal()
         self.first_lane = Signal(4)
         self.count = Signal(count_bits)
@@ -361,8 +367,6 @@ class _ElementStream(Elaboratable):
             m.d.sync += [remaining.eq(remaining - 1), lane.eq(lane + 1)]
         with m.If(self.start):
             m.d.sync += [remaining.eq(self.count), lane.eq(self.first_lane)]
-        with m.If(self.clear):
-            m.d.sync += remaining.eq(0)
         return m
 
 
@@ -387,8 +391,6 @@ class Main(enum.IntEnum):
     IDX_TLOAD = 5
     IDX_SCAN = 6
     IDX_DONE = 7
-    APPLY_CLR = 8
-    APPLY_START = 9
     APPLY = 10
     FLUSH = 11
     WAIT_WR = 12
@@ -557,18 +559,18 @@ class UpdateEngine(wiring.Component):
                                                                                       "es_off", "es_idx", "es_w"))
         rd_off1, rd_idx1, rd_w1, es_off1, es_idx1, es_w1 = (getattr(lanes[1], k) for k in (
             "rd_off", "rd_idx", "rd_w", "es_off", "es_idx", "es_w"))
-        rd_clr = Signal()
+        # Validation's own index reader (the apply pass reads the indices beside it).
+        m.submodules.rd_vidx = rd_vidx = ResetInserter(clr)(_LineReader(self.INDICES_ROB, A))
         for ln in lanes:
             for r, e in ((ln.rd_off, ln.es_off), (ln.rd_idx, ln.es_idx), (ln.rd_w, ln.es_w)):
-                m.d.comb += [r.clear.eq(rd_clr), e.clear.eq(rd_clr), e.line_valid.eq(r.out_valid),
-                             e.line_data.eq(r.out_data)]
+                m.d.comb += [e.line_valid.eq(r.out_valid), e.line_data.eq(r.out_data)]
         # In the apply pass the element streams consume the readers; in validation the main
         # FSM takes whole lines (val_pop).
         val_pop_off = Signal()
         val_pop_idx = Signal()
         m.d.comb += [
             rd_off.out_ready.eq(es_off.line_ready | val_pop_off),
-            rd_idx.out_ready.eq(es_idx.line_ready | val_pop_idx),
+            rd_idx.out_ready.eq(es_idx.line_ready), rd_vidx.out_ready.eq(val_pop_idx),
             rd_w.out_ready.eq(es_w.line_ready),
             rd_off1.out_ready.eq(es_off1.line_ready), rd_idx1.out_ready.eq(es_idx1.line_ready),
             rd_w1.out_ready.eq(es_w1.line_ready),
@@ -583,14 +585,20 @@ class UpdateEngine(wiring.Component):
         src_idx1 = _Source("idx1", A, self.ctx_bits)
         src_w1 = _Source("w1", A, self.ctx_bits)
         src_off1 = _Source("off1", A, self.ctx_bits)
-        # A reader's ctx: its buffer slot, and the lane in the payload's top bit.
-        assert PB - 1 >= max(r.slot_bits for r in (rd_off, rd_idx, rd_w))
+        src_vidx = _Source("vidx", A, self.ctx_bits)
+        # A reader's ctx: its buffer slot, the lane in the payload's top bit, and below it a
+        # bit for validation's index reader.
+        assert PB - 2 >= max(r.slot_bits for r in (rd_off, rd_idx, rd_w))
+        m.d.comb += [src_vidx.valid.eq(rd_vidx.req_valid), rd_vidx.req_ready.eq(src_vidx.ready),
+                     src_vidx.addr.eq(rd_vidx.req_addr),
+                     src_vidx.ctx.eq(ctx_of(Kind.INDICES, Cat(rd_vidx.req_slot, Const(0, PB - 2 - rd_vidx.slot_bits),
+                                                              Const(0b01, 2))))]
         for src, r, kind, lane in ((src_idx, rd_idx, Kind.INDICES, 0), (src_w, rd_w, Kind.WEIGHTS, 0),
                                    (src_off, rd_off, Kind.OFFSETS, 0), (src_idx1, rd_idx1, Kind.INDICES, 1),
                                    (src_w1, rd_w1, Kind.WEIGHTS, 1), (src_off1, rd_off1, Kind.OFFSETS, 1)):
             m.d.comb += [src.valid.eq(r.req_valid), r.req_ready.eq(src.ready), src.addr.eq(r.req_addr),
                          src.ctx.eq(ctx_of(kind, Cat(r.req_slot, Const(0, PB - 1 - r.slot_bits), Const(lane, 1))))]
-        sources = [src_look, src_idx, src_idx1, src_w, src_w1, src_off, src_off1]
+        sources = [src_look, src_idx, src_idx1, src_w, src_w1, src_off, src_off1, src_vidx]
 
         req = self.mem.req
         out_valid = Signal()
@@ -641,8 +649,10 @@ class UpdateEngine(wiring.Component):
         rpay = rsp.payload.ctx[:PB]
         for lane, ln in enumerate(lanes):
             for r, kind in ((ln.rd_off, Kind.OFFSETS), (ln.rd_idx, Kind.INDICES), (ln.rd_w, Kind.WEIGHTS)):
-                m.d.comb += [r.rsp_valid.eq(rsp.valid & (rkind == kind) & (rpay[PB - 1] == lane)),
+                m.d.comb += [r.rsp_valid.eq(rsp.valid & (rkind == kind) & (rpay[PB - 2:PB] == (lane << 1))),
                              r.rsp_slot.eq(rpay[:r.slot_bits]), r.rsp_data.eq(rsp.payload.data)]
+        m.d.comb += [rd_vidx.rsp_valid.eq(rsp.valid & (rkind == Kind.INDICES) & (rpay[PB - 2:PB] == 0b01)),
+                     rd_vidx.rsp_slot.eq(rpay[:rd_vidx.slot_bits]), rd_vidx.rsp_data.eq(rsp.payload.data)]
         m.d.sync += [reads_out.eq(reads_out + issued_rd + issued_grad - rsp.valid - grsp.valid),
                      writes_out.eq(writes_out + issued_wr - wrsp.valid)]
         m.d.sync += st_lines_read.eq(st_lines_read + issued_rd + issued_grad)
@@ -704,6 +714,12 @@ class UpdateEngine(wiring.Component):
         m.submodules.tb_mem = tb_mem = Memory(shape=32, depth=MAX_TABLES + 1, init=[])
         tb_wp = tb_mem.write_port()
         tb_rp = tb_mem.read_port()
+        # Each table's rows (for the index check while the bag stage holds the descriptor port).
+        m.submodules.rows_mem = rows_mem = Memory(shape=32, depth=MAX_TABLES, init=[])
+        rows_wp = rows_mem.write_port()
+        rows_rp = rows_mem.read_port(domain="comb")
+        val_pos = Signal(32)                    # indices below this position are checked
+        val_ok = Signal()                       # every index is checked: writes may go
 
         # ---------------------------------------------------------------- main FSM --
         t_chk = Signal(8)
@@ -759,7 +775,7 @@ class UpdateEngine(wiring.Component):
                         err.eq(NdpError.OK), err_info.eq(0), media_err.eq(0), media_info.eq(0),
                         st_rows_read.eq(0), st_rows_written.eq(0),
                         st_lines_read.eq(0), st_lines_written.eq(0),
-                        max_lines.eq(0), t_chk.eq(0), total.eq(0), frozen.eq(0), pair_il.eq(0),
+                        max_lines.eq(0), t_chk.eq(0), total.eq(0), frozen.eq(0), pair_il.eq(0), val_ok.eq(0),
                         state.eq(Main.CHK_OFFS),
                     ]
 
@@ -795,6 +811,7 @@ class UpdateEngine(wiring.Component):
                         m.d.sync += pair_il.bit_select(t_chk[1:], 1).eq(small & disjoint)
                     with m.Else():
                         m.d.sync += [pair_lo.eq(tab.base_addr), pair_hi.eq(row_end)]
+                    m.d.comb += [rows_wp.addr.eq(t_chk), rows_wp.data.eq(tab.rows), rows_wp.en.eq(1)]
                     m.d.sync += t_chk.eq(t_chk + 1)
                     with m.If(t_chk + 1 == cmd.num_tables):
                         m.d.sync += [state.eq(Main.OFFS_SCAN), line_pos.eq(0), cap_t.eq(0),
@@ -855,20 +872,24 @@ class UpdateEngine(wiring.Component):
                 with m.Elif(cmd.flags.has_weights & (cmd.weights_addr + last_rel >= CAP)):
                     fail(NdpError.ADDRESS, AddressFault.WEIGHTS)
                 with m.Else():
-                    m.d.comb += [rd_idx.start.eq(1), rd_idx.first_line.eq(cmd.indices_addr + first_rel),
-                                 rd_idx.n_lines.eq(last_rel - first_rel + 1)]
-                    m.d.sync += [t_chk.eq(0), lo.eq(tb_first), line_pos.eq(first_rel << 4),
+                    # The indices are checked beside the apply pass from here on: it takes an
+                    # index only below val_pos, and writes nothing before val_ok.
+                    m.d.comb += [rd_vidx.start.eq(1), rd_vidx.first_line.eq(cmd.indices_addr + first_rel),
+                                 rd_vidx.n_lines.eq(last_rel - first_rel + 1),
+                                 runs_go.eq(1), bag_go.eq(1), look_go.eq(1)]
+                    m.d.sync += [t_chk.eq(0), lo.eq(tb_first), line_pos.eq(first_rel << 4), val_pos.eq(tb_first),
                                  state.eq(Main.IDX_TLOAD)]
 
             with m.Case(Main.IDX_TLOAD):
-                m.d.comb += [tbl_sel.eq(t_chk), tb_rp.addr.eq(t_chk + 1)]
+                m.d.comb += tb_rp.addr.eq(t_chk + 1)
                 m.d.sync += state.eq(Main.IDX_SCAN)
 
             with m.Case(Main.IDX_SCAN):
-                m.d.comb += [tbl_sel.eq(t_chk), tb_rp.addr.eq(t_chk + 1)]
+                # (the table's rows from rows_mem: the bag stage has the descriptor port now)
+                m.d.comb += [tb_rp.addr.eq(t_chk + 1), rows_rp.addr.eq(t_chk)]
                 end = tb_rp.data
-                rows = tab.rows
-                line = lanes_of(rd_idx.out_data)
+                rows = rows_rp.data
+                line = lanes_of(rd_vidx.out_data)
                 bad = []
                 for i in range(LANES):
                     pos = line_pos + i
@@ -881,41 +902,37 @@ class UpdateEngine(wiring.Component):
                 last_table = t_chk + 1 == cmd.num_tables
 
                 def next_table():
-                    m.d.sync += [lo.eq(end), t_chk.eq(t_chk + 1)]
+                    m.d.sync += [lo.eq(end), t_chk.eq(t_chk + 1), val_pos.eq(end)]
                     with m.If(last_table):
                         m.d.sync += state.eq(Main.IDX_DONE)
                     with m.Else():
                         m.d.sync += state.eq(Main.IDX_TLOAD)
 
+                def pop():
+                    m.d.comb += val_pop_idx.eq(1)
+                    m.d.sync += [line_pos.eq(line_pos + LANES), val_pos.eq(line_pos + LANES)]
+
                 with m.If(media_err):
-                    fail(NdpError.MEDIA, media_info)
+                    m.d.sync += [frozen.eq(1), state.eq(Main.ABORT)]
                 with m.Elif(end == lo):
                     next_table()                            # no index in this table
-                with m.Elif(rd_idx.out_valid):
+                with m.Elif(rd_vidx.out_valid):
                     with m.If(any_bad):
-                        fail(NdpError.INDEX_RANGE, (line_pos + first_bad)[:32])
+                        # The apply pass has written nothing yet: it is dropped (ABORT).
+                        m.d.sync += [err.eq(NdpError.INDEX_RANGE), err_info.eq((line_pos + first_bad)[:32]),
+                                     frozen.eq(1), state.eq(Main.ABORT)]
                     with m.Elif(end <= line_pos + LANES):
                         next_table()
                         with m.If(end == line_pos + LANES):
-                            m.d.comb += val_pop_idx.eq(1)
-                            m.d.sync += line_pos.eq(line_pos + LANES)
+                            pop()
                     with m.Else():
-                        m.d.comb += val_pop_idx.eq(1)
-                        m.d.sync += line_pos.eq(line_pos + LANES)
+                        pop()
 
             with m.Case(Main.IDX_DONE):
                 with m.If(media_err):
-                    fail(NdpError.MEDIA, media_info)
-                with m.Elif(reads_out == 0):
-                    m.d.sync += state.eq(Main.APPLY_CLR)
-
-            with m.Case(Main.APPLY_CLR):
-                m.d.comb += rd_clr.eq(1)
-                m.d.sync += state.eq(Main.APPLY_START)
-
-            with m.Case(Main.APPLY_START):
-                m.d.comb += [runs_go.eq(1), bag_go.eq(1), look_go.eq(1)]
-                m.d.sync += state.eq(Main.APPLY)
+                    m.d.sync += [frozen.eq(1), state.eq(Main.ABORT)]
+                with m.Else():
+                    m.d.sync += [val_ok.eq(1), state.eq(Main.APPLY)]
 
             with m.Case(Main.APPLY):
                 with m.If(media_err):
@@ -943,7 +960,9 @@ class UpdateEngine(wiring.Component):
             with m.Case(Main.ABORT):
                 with m.If((reads_out == 0) & (writes_out == 0) & ~out_valid & ~g_out_valid):
                     m.d.comb += abort_go.eq(1)
-                    m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(media_info), state.eq(Main.ABORT_SCAN)]
+                    m.d.sync += state.eq(Main.ABORT_SCAN)
+                    with m.If(err == NdpError.OK):          # (else the index check's error)
+                        m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(media_info)]
 
             with m.Case(Main.ABORT_SCAN):
                 with m.If(mgr_idle):
@@ -960,6 +979,7 @@ class UpdateEngine(wiring.Component):
         # A reader starts a run once it has issued the previous one (its buffer delivers them in
         # order); an element stream starts its run once the previous run's elements are taken.
         # A table without indices has no index run.
+        idx_pos = [Signal(32, name=f"idx_pos{j}") for j in range(2)]     # each lane's next index
         runs_on = Signal()
         with m.If(runs_go):
             m.d.sync += runs_on.eq(1)
@@ -1000,6 +1020,7 @@ class UpdateEngine(wiring.Component):
                 with m.If(es_lo.data == es_hi.data):
                     m.d.sync += j_t.eq(j_t + 2)
                 with m.Elif(ln.es_idx.idle & ln.es_w.idle):
+                    m.d.sync += idx_pos[lane].eq(es_lo.data)
                     m.d.comb += [ln.es_idx.start.eq(1), ln.es_idx.first_lane.eq(es_lo.data[:4]),
                                  ln.es_idx.count.eq(count),
                                  ln.es_w.start.eq(cmd.flags.has_weights), ln.es_w.first_lane.eq(es_lo.data[:4]),
@@ -1195,13 +1216,18 @@ class UpdateEngine(wiring.Component):
         idx_data = Mux(la.lane, es_idx1.data, es_idx.data)
         w_valid = Mux(la.lane, es_w1.valid, es_w.valid)
         w_data = Mux(la.lane, es_w1.data, es_w.data)
-        occ_avail = la_valid & idx_valid & (~has_w | w_valid)
+        # (an index is used once the validation has checked it: val_pos, then val_ok)
+        occ_avail = (la_valid & idx_valid & (~has_w | w_valid)
+                     & (val_ok | (Mux(la.lane, idx_pos[1], idx_pos[0]) < val_pos)))
         s0_take = Signal()
         m.d.comb += [s0_take.eq(occ_avail & s1_free & look_run & ~freeze),
                      es_idx.ready.eq(s0_take & ~la.lane), es_w.ready.eq(s0_take & has_w & ~la.lane),
                      es_idx1.ready.eq(s0_take & la.lane), es_w1.ready.eq(s0_take & has_w & la.lane)]
         m.d.comb += [bag_pop.eq(bag_fifo.r_en & bag_fifo.r_rdy),
                      bag_fifo.r_en.eq(~la_valid | (s0_take & (la_left == 1)))]
+        for j in range(2):
+            with m.If(s0_take & (la.lane == j)):
+                m.d.sync += idx_pos[j].eq(idx_pos[j] + 1)
         with m.If(s0_take):
             m.d.sync += la_left.eq(la_left - 1)
             with m.If(la_left == 1):
@@ -1382,7 +1408,7 @@ class UpdateEngine(wiring.Component):
             m.d.sync += me_valid.eq(0)
         # The victim's write-back goes first (the write-back machine reads it out of the slot
         # before the fill's responses can overwrite it).
-        with m.If(me_valid & me_wb & ~wb_active & ~freeze & (mstate != Mgr.FL_CHK)):
+        with m.If(me_valid & me_wb & ~wb_active & ~freeze & (mstate != Mgr.FL_CHK) & val_ok):
             m.d.comb += [wb_go.eq(1), wb_base_in.eq(me.wb_base), wb_addr_in.eq(me.wb_addr),
                          wb_lines_in.eq(me.wb_lines)]
             m.d.sync += me_wb.eq(0)
@@ -1538,7 +1564,7 @@ class UpdateEngine(wiring.Component):
             slot_cp.addr.eq(cp),
             cleanable.eq((cp_rd == cp) & (cp < fresh) & crec.valid & dirty.bit_select(cp, 1)
                          & (crec.last_use < completed) & ~crec.ref),
-            clean_room.eq(look_run & ~freeze & ~wb_active & ~me_valid & ~missq.r_rdy
+            clean_room.eq(look_run & val_ok & ~freeze & ~wb_active & ~me_valid & ~missq.r_rdy
                           & (writes_out < self.CLEAN_WRITES) & ~(push & (push_slot == cp))),
         ]
         with m.If(cleanable & clean_room):
