@@ -45,7 +45,7 @@ from cocotb.triggers import ClockCycles, Timer
 from hw.config import DeviceConfig
 from hw.mem.port import mem_read_response_layout, mem_request_layout, mem_write_response_layout, split_line_address
 from hw.ndp.command import AddressFault, CommandDescriptor, EngineStats, NdpError, PoolMode, TableDescriptor
-from hw.ndp.update import Kind, UpdateEngine
+from hw.ndp.update import KIND_BITS, Kind, UpdateEngine
 from sim.bfm.ndp_host import NdpTable, row_pitch_for
 from sim.model import embedding, fp32_ref
 from sim.model.codec import StructCodec
@@ -108,7 +108,7 @@ class Bench:
         h = lambda name: getattr(dut, name)._handle          # noqa: E731
         # the engine's two ports: mem (everything but gradients) and grad_port (gradient reads)
         self.ports = [_Port(dut, 0, "mem"), _Port(dut, 1, "grad_port")]
-        self.payload_bits = UpdateEngine.required_ctx_bits(SCRATCH) - 3
+        self.payload_bits = UpdateEngine.required_ctx_bits(SCRATCH) - KIND_BITS
         self.h_wr_valid, self.h_wr_ready, self.h_wr_payload = (
             h("mem__wr_rsp__valid"), h("mem__wr_rsp__ready"), h("mem__wr_rsp__payload"))
         self.h_start, self.h_cmd, self.h_table, self.h_table_index = (
@@ -299,7 +299,7 @@ class Bench:
             heapq.heappush(self.wr_pending, (due, self.n, (f["ctx"], addr in self.write_errors, ch)))
             self.writes_out += 1
             return
-        kind = Kind((f["ctx"] >> self.payload_bits) & 7)
+        kind = Kind((f["ctx"] >> self.payload_bits) & ((1 << KIND_BITS) - 1))
         assert (kind == Kind.GRAD) == (port.index == 1), f"a {kind.name} read on port {port.name}"
         self.n += 1
         if self.model == "channels" and self.write_due.get(addr, -1) >= cyc:
@@ -681,8 +681,8 @@ async def test_errors(dut):
     bench, rng = await setup(dut, seed_offset=4)
     wl = Workload(bench, [(50, 16, "sum"), (30, 32, "weighted_sum")], rng)
 
-    async def expect_error(args, cmd_patch, descs, code, info, what):
-        cmd = wl.place(args)
+    async def expect_error(args, cmd_patch, descs, code, info, what, workload=None):
+        cmd = (workload or wl).place(args)
         cmd.update(cmd_patch)
         before = bench.mem.copy()
         res = await bench.run(cmd, descs)
@@ -713,6 +713,14 @@ async def test_errors(dut):
     pos = int(args["offsets"][4]) + 4
     args["indices"][pos] = 30
     await expect_error(args, {}, wl.descs, NdpError.INDEX_RANGE, pos, "index out of range")
+    # An index out of range at the end of a batch that overflows the scratchpad: the apply pass
+    # runs beside the index check (whose reads go last on the port, behind the fills) and has
+    # evictions queued by the time the check finds it; none of them may be written.
+    big = Workload(bench, [(200, 256, "sum")], rng, base=wl.args + 4096)
+    args = big.batch(64, lambda t, b: 40, lambda t, n: [int(x) for x in rng.integers(0, 200, n)])
+    args["indices"][-1] = 200
+    await expect_error(args, {}, big.descs, NdpError.INDEX_RANGE, len(args["indices"]) - 1,
+                       "index out of range after the scratchpad filled", workload=big)
     # the indices array (24 indices: 2 lines) runs past capacity
     args = wl.batch(4, lambda t, b: 3, rows_with_dups(rng, wl))
     await expect_error(args, {"indices_addr": CAPACITY - 1}, wl.descs, NdpError.ADDRESS, AddressFault.INDICES,

@@ -43,7 +43,8 @@ Two passes
 1. Validation; no write is issued before it ends. The offsets array (T*B+1 u32) is streamed
    and checked, then the indices array, indices[0:offsets[T*B]] (offsets[0] must be 0 and
    offsets[T*B] = cmd.index_count; nothing after it is read), and each index is checked against the rows
-   of its table. The first error found, in this order, ends the command:
+   of its table (beside the apply pass: 2. below). The first error found, in this order,
+   ends the command:
    - ADDRESS, error_info = the AddressFault (hw/ndp/command.py): the offsets array; then for each
      table t in order, TABLE_ROWS + t its rows (base_addr + rows*dim/16 > capacity_lines) and
      GRADIENTS the gradient vector of its last bag (grad_addr + (B-1)*row_pitch_lines + col_lines + dim/16
@@ -124,9 +125,9 @@ Scratchpad (a write-back cache of rows)
   cycle of a push for that slot), so a row hit after its write-back started is dirty again
   and written again later (rm4 b512: 13 of 7,021 rows). Only unpinned rows are cleaned: a
   pinned row's pending updates would land after its dirty bit was cleared (a mutant that
-  cleans pinned rows fails 8 of the testbench's 8 default-build tests). rm4 b512 in the engine's testbench ("channels"
-  model): 54,432 -> 51,083 cycles; rm1 b64 unchanged (182,040, 44 rows written twice of
-  22,265).
+  cleans pinned rows fails 8 of the testbench's 8 default-build tests). rm4 b512 in the
+  engine's testbench ("channels" model): 54,432 -> 51,083 cycles; rm1 b64 unchanged
+  (182,040, 44 rows written twice of 22,265).
 - Memories (FPGA rules, hw/common/ram.py): the scratchpad is two ``LvtRam`` banks by line
   parity, each written by fills and FMA results and read by an FMA operand port and the
   write-backs (the operand read bypasses a same-cycle result); the gradient and contribution
@@ -162,9 +163,11 @@ Two tables at a time (the apply pass)
   rows instead of 22,265 and took 217,009 cycles instead of 182,040 in the engine's
   testbench. A small table costs the other at most an eighth of the scratchpad.
 - Each lane (0: tables 2p, 1: tables 2p + 1) has its own readers and element streams of the
-  offsets, indices and weights (the validation's readers are lane 0's); a lane reads its
-  tables' runs back to back, the reader starting the next run as soon as it has issued the
-  last one. The request ctx names the lane in the payload's top bit.
+  offsets, indices and weights (validation reads the offsets through lane 0's reader, before
+  the apply pass starts, and the indices through one of its own); a lane reads its tables'
+  runs back to back, the reader starting the next run as soon as it has issued the last
+  one. A reader's request ctx names its lane in the payload's top bit and validation's index
+  reader in the bit below.
 
 Pipeline, latency and throughput (one request per cycle and port at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
@@ -544,7 +547,8 @@ class UpdateEngine(wiring.Component):
         # ---------------------------------------------------------------- stream readers --
         cnt_bits = 48
         # The apply pass reads the offsets, indices and weights in two lanes (tables 0, 2, 4, ...
-        # and 1, 3, 5, ...: "Two tables at a time" above); validation reads through lane 0's.
+        # and 1, 3, 5, ...: "Two tables at a time" above); validation reads the offsets through
+        # lane 0's reader (before the apply pass starts).
         lanes = []
         for sfx in ("", "1"):
             ln = SimpleNamespace()
