@@ -18,7 +18,8 @@ as 0 where absent. Each simulated cycle the testbench calls ``drive(ctx, cycle)`
   new) and nothing in flight is answered any more.
 
 Trace: ``writes`` holds ``[addr, accept cycle, response cycle or None, data]`` per write,
-``reads`` ``(addr, accept cycle)`` per read, ``events`` ``(cycle, "w" | "a" | "r", addr)``
+``reads`` ``(addr, accept cycle)`` per read, ``read_answers`` ``(addr, cycle)`` per read
+response taken, in the order they were taken, ``events`` ``(cycle, "w" | "a" | "r", addr)``
 for write accepted / write acknowledged / read accepted, in order. ``prng`` (a
 ``random.Random``) drives every random choice, so a seed replays a run.
 """
@@ -51,6 +52,7 @@ class MemModel:
         self.pending: list[_InFlight] = []
         self.writes: list[list] = []
         self.reads: list[tuple[int, int]] = []
+        self.read_answers: list[tuple[int, int]] = []
         self.events: list[tuple[int, str, int]] = []
 
     def outstanding_writes(self) -> int:
@@ -77,6 +79,8 @@ class MemModel:
                     if kind == "wr_rsp":
                         e.write[2] = cycle
                         self.events.append((cycle, "a", e.addr))
+                    else:
+                        self.read_answers.append((e.addr, cycle))
             else:
                 ctx.set(ch.valid, 0)
 

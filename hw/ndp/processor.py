@@ -14,8 +14,11 @@ Ports
 
 Per command, while ``sq_head != sq_tail``: read the descriptor in slot ``head mod 2**size``;
 check it (BAD_OPCODE, BAD_TABLES, ADDRESS of the table-descriptor, offsets, output and
-gradient arrays); read its T table descriptors into the table memory; check each (BAD_DIM,
-BAD_DESCRIPTOR, ADDRESS of its rows, ``error_info`` = t or AddressFault); run the engine;
+gradient arrays); read its T table descriptors into the table memory (all T reads issued
+back to back) and check each as its read returns (BAD_DIM, BAD_DESCRIPTOR, ADDRESS of its
+rows, ``error_info`` = t or AddressFault; the lowest failing t is reported, and a MEDIA error
+on any descriptor read before all of them); run the engine, in the cycle after the last
+descriptor returns;
 write the ``Completion`` line into the completion ring's slot and wait until it is durable;
 then advance ``sq_head`` and pulse ``completed``. A command that fails a check never
 starts an engine, so it writes nothing but its completion. ``last_cycles`` counts from the
@@ -86,7 +89,6 @@ class CommandProcessor(wiring.Component):
         counting = Signal()
         t = Signal(TABLE_ID_BITS + 1)
         fetched = Signal(TABLE_ID_BITS + 1)
-        check_t = Signal(TABLE_ID_BITS)
         slot_mask = Signal(16)
         m.d.comb += slot_mask.eq((Const(1, 17) << self.size_log2) - 1)
         slot = self.sq_head & slot_mask
@@ -145,8 +147,25 @@ class CommandProcessor(wiring.Component):
         nbags = Signal(48)
         out_span = Signal(48)
         m.d.comb += [nbags.eq(ntables * cmd.batch_size), out_span.eq(cmd.batch_size * cmd.row_pitch_lines)]
-        tbl = t_r.data
-        dim_lines = tbl.dim[4:9]
+        # The table checks run on each descriptor as its read returns, in whatever order the
+        # responses come: the lowest failing table's first failing check is kept, so the error
+        # is the one a table-by-table check would find, without a cycle per table after the reads.
+        arriving = Signal(TableDescriptor)
+        m.d.comb += arriving.eq(rsp.payload.data[:TableDescriptor.as_shape().size])
+        arrive_dim_lines = arriving.dim[4:9]
+        arrive_err = Signal(NdpError)
+        arrive_info = Signal(32)
+        with m.If((arriving.dim[:4] != 0) | (arriving.dim < MIN_DIM) | (arriving.dim > MAX_DIM)):
+            m.d.comb += [arrive_err.eq(NdpError.BAD_DIM), arrive_info.eq(rsp.payload.ctx)]
+        with m.Elif((arriving.rows == 0) | (arriving.mode.as_value() == 3) |
+                    ((arriving.mode == PoolMode.WEIGHTED_SUM) & ~cmd.flags.has_weights) |
+                    (arriving.col_lines + arrive_dim_lines > cmd.row_pitch_lines)):
+            m.d.comb += [arrive_err.eq(NdpError.BAD_DESCRIPTOR), arrive_info.eq(rsp.payload.ctx)]
+        with m.Elif(arriving.base_addr + arriving.rows * arrive_dim_lines > cap):
+            m.d.comb += [arrive_err.eq(NdpError.ADDRESS), arrive_info.eq(AddressFault.TABLE_ROWS + rsp.payload.ctx)]
+        table_err = Signal(NdpError)          # the lowest failing table's check, so far
+        table_info = Signal(32)
+        table_err_t = Signal(TABLE_ID_BITS)
         completion = Signal(Completion)
         m.d.comb += [
             completion.valid.eq(1), completion.error.eq(err), completion.tag.eq(cmd.tag),
@@ -158,7 +177,7 @@ class CommandProcessor(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.sq_head != self.sq_tail):
                     m.d.sync += [cycles.eq(0), counting.eq(1), err.eq(NdpError.OK), err_info.eq(0),
-                                 stats.eq(0), fetched.eq(0), t.eq(0)]
+                                 stats.eq(0), fetched.eq(0), t.eq(0), table_err.eq(NdpError.OK)]
                     m.next = "READ_CMD"
             with m.State("READ_CMD"):
                 m.d.comb += [req.valid.eq(1), req_addr.eq(self.sq_base + slot), req_ctx.eq(0)]
@@ -201,31 +220,19 @@ class CommandProcessor(wiring.Component):
                     m.d.sync += fetched.eq(fetched + 1)
                     with m.If(rsp.payload.error | rsp.payload.poison):
                         m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(rsp.payload.ctx)]
+                    with m.Elif((arrive_err != NdpError.OK) &
+                                ((table_err == NdpError.OK) | (rsp.payload.ctx < table_err_t))):
+                        m.d.sync += [table_err.eq(arrive_err), table_info.eq(arrive_info),
+                                     table_err_t.eq(rsp.payload.ctx)]
                 with m.If((fetched == ntables) & (t == ntables)):
-                    m.d.sync += check_t.eq(0)
-                    m.next = "CHECK_READ"
                     with m.If(err != NdpError.OK):
                         m.next = "COMPLETE"
-            with m.State("CHECK_READ"):          # t_r.addr = check_t; data next cycle
-                m.d.comb += t_r.addr.eq(check_t)
-                m.next = "CHECK_TABLE"
-            with m.State("CHECK_TABLE"):
-                m.d.comb += t_r.addr.eq(check_t)
-                with m.If((tbl.dim[:4] != 0) | (tbl.dim < MIN_DIM) | (tbl.dim > MAX_DIM)):
-                    fail(NdpError.BAD_DIM, check_t)
-                with m.Elif((tbl.rows == 0) | (tbl.mode.as_value() == 3) |
-                            ((tbl.mode == PoolMode.WEIGHTED_SUM) & ~cmd.flags.has_weights) |
-                            (tbl.col_lines + dim_lines > cmd.row_pitch_lines)):
-                    fail(NdpError.BAD_DESCRIPTOR, check_t)
-                with m.Elif(tbl.base_addr + tbl.rows * dim_lines > cap):
-                    fail(NdpError.ADDRESS, AddressFault.TABLE_ROWS + check_t)
-                with m.Elif((check_t + 1 == ntables) & checkpointed):
-                    m.next = "READ_LOGGED"
-                with m.Elif(check_t + 1 == ntables):
-                    m.next = "START"
-                with m.Else():
-                    m.d.sync += check_t.eq(check_t + 1)
-                    m.next = "CHECK_READ"
+                    with m.Elif(table_err != NdpError.OK):
+                        fail(table_err, table_info)
+                    with m.Elif(checkpointed):
+                        m.next = "READ_LOGGED"
+                    with m.Else():
+                        m.next = "START"
             with m.State("READ_LOGGED"):         # checkpointed UPDATE: the undo log must be durable
                 with m.If(~log_region_fits(region, cap)):
                     fail(NdpError.ADDRESS, AddressFault.LOG_REGION)
