@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hw.ndp.command import CommandDescriptor, TableDescriptor, NdpError, PoolMode
+from hw.ndp.command import AddressFault, CommandDescriptor, TableDescriptor, NdpError, PoolMode
 from hw.ndp.lookup import LookupEngine
 from sim.model.codec import StructCodec
 from sim.model.embedding import tbe_forward
@@ -72,7 +72,7 @@ def _case(rng: np.random.Generator, bad: str | None = None):
         offsets = offsets + np.uint32(1)
         indices = np.concatenate([[0], indices]).astype(np.uint32)
         weights = np.concatenate([[1.0], weights]).astype(np.float32)
-    if bad == "count":
+    if bad in ("count", "count_outside"):
         index_count += 1
     if bad == "index":
         indices[indices.size // 2] = specs[(np.searchsorted(offsets, indices.size // 2, "right") - 1) // B][0]
@@ -80,6 +80,12 @@ def _case(rng: np.random.Generator, bad: str | None = None):
         offsets[4] = offsets[3] - 1 if offsets[3] else offsets[3] + 100
     mem: dict[int, int] = {}
     layout = {"tables": 16, "offsets": 32, "indices": 48, "weights": 64, "out": 128}
+    # An array of index_count elements one line past device memory: no line of it may be read.
+    reaching_past = CAP - (index_count + 15) // 16 + 1
+    if bad in ("indices_outside", "count_outside"):
+        layout["indices"] = reaching_past
+    if bad == "weights_outside":
+        layout["weights"] = reaching_past
     line = 256
     pitch = sum(dim // 16 for _, dim, _ in specs)
     col = 0
@@ -163,6 +169,7 @@ def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline
                         pending[p].append((cycle + prng.randint(3, 20), "wr_rsp", ctx.get(port.req.payload.ctx), addr))
                     else:
                         result["reads"] = result.get("reads", 0) + 1
+                        result.setdefault("read_lines", set()).add(addr)
                         pending[p].append((cycle + prng.randint(3, 20), "rd_rsp", ctx.get(port.req.payload.ctx), addr))
             if ctx.get(preq.valid) and ctx.get(preq.ready):
                 pushed[ctx.get(preq.payload.addr)] = ctx.get(preq.payload.data)
@@ -259,10 +266,21 @@ def test_lookup_deep_fp32_pipeline():
     _check_pooled(seed, False, result, out, golden, layout, specs)
 
 
-@pytest.mark.parametrize("bad,code,info", [("index", NdpError.INDEX_RANGE, None), ("offsets", NdpError.OFFSETS, None),
-                                           ("first", NdpError.OFFSETS, 0), ("count", NdpError.OFFSETS, 9)])
+@pytest.mark.parametrize("bad,code,info", [
+    ("index", NdpError.INDEX_RANGE, None), ("offsets", NdpError.OFFSETS, None), ("first", NdpError.OFFSETS, 0),
+    ("count", NdpError.OFFSETS, 9),
+    # the index and weight streams start before offsets[T*B] is back: never past device memory
+    # (the memory stand-in asserts every address), and OFFSETS still comes before ADDRESS
+    ("indices_outside", NdpError.ADDRESS, AddressFault.INDICES),
+    ("weights_outside", NdpError.ADDRESS, AddressFault.WEIGHTS),
+    ("count_outside", NdpError.OFFSETS, 9)])
 def test_lookup_bad_input(bad, code, info):
-    result, *_ = _run(3, bad=bad)
+    result, _, _, layout, _ = _run(3, bad=bad)
+    if bad.endswith("_outside"):
+        # Port addresses are 12 bits: a read past the end would wrap to the bottom lines.
+        array = layout["weights" if bad == "weights_outside" else "indices"]
+        span = {(array + i) % CAP for i in range(CAP - array + 1)}
+        assert not span & result["read_lines"], sorted(span & result["read_lines"])
     assert result["error"] == code, result
     if info is not None:
         assert result["info"] == info, result

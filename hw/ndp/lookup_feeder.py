@@ -8,8 +8,9 @@ Ports
   slot u can take a new bag.
 - ``done`` (pulse): every item has been emitted (or the command failed); ``error`` and
   ``error_info`` are valid with it. ``lookups``: ROW items emitted so far.
-- ``mem``: reads of the offsets, indices and weights arrays (three ElementReaders behind a
-  MemPortArbiter; ``ctx_bits`` is the port's ctx width). ``table_index`` runs one table
+- ``mem``: reads of the offsets, indices and weights arrays (four ElementReaders behind a
+  MemPortArbiter: the offsets stream, offsets[T*B], the indices, the weights; ``ctx_bits``
+  is the port's ctx width). ``table_index`` runs one table
   ahead of the table being fed, except in the first table's descriptor read.
 
 Order and contents: bags in TBE order (t*B + b); a bag of L > 0 indices becomes L ROW items
@@ -23,8 +24,11 @@ The feeder emits up to one item per cycle. A bag's end offset is read and its un
 item, so inside a table a bag of L > 0 indices costs L cycles and an empty bag 1; the first
 bag of a table costs one more (the next table's descriptor is read while the table before
 it runs), the first table 2 more. A bag waits a cycle more when its offset is not there yet
-or no unit has room. Start-up: offsets[0] and offsets[T*B] are read at once (the indices
-reader fetches the latter), then the indices: two read round trips before the first item.
+or no unit has room. Start-up: offsets[0], offsets[T*B] and the first lines of the indices
+(and weights) are read at once, so one read round trip passes before the first item. The
+indices and weights streams start only when their ``cmd.index_count`` elements lie inside
+device memory (the checks below find the same error either way: past the two OFFSETS
+checks offsets[T*B] equals ``cmd.index_count``).
 
 Checks, in stream order (element positions in ``error_info``): OFFSETS when offsets[0] != 0
 (``error_info`` 0), offsets[T*B] != ``cmd.index_count`` (T*B), or an offset is below the
@@ -42,7 +46,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..common.cxl_mem import LINE_ADDR_BITS
 from ..common.fp32 import ONE
-from ..mem.arbiter import MemPortArbiter, client_port_signature
+from ..mem.arbiter import MemPortArbiter, client_port_signature, connect_port
 from .command import AddressFault, CommandDescriptor, TableDescriptor, NdpError, PoolMode, TABLE_ID_BITS
 from .element_reader import ElementReader
 
@@ -78,7 +82,8 @@ class LookupFeeder(wiring.Component):
         self.unit_bits = max((units - 1).bit_length(), 1)
         self.item_layout = lookup_item_layout(addr_bits, self.unit_bits)
         self._readers = [ElementReader(addr_bits=addr_bits, depth=reader_depth) for _ in range(3)]
-        self._arb = MemPortArbiter(clients=3, addr_bits=addr_bits, ctx_bits=self._readers[0].ctx_bits)
+        self._end_reader = ElementReader(addr_bits=addr_bits, depth=2)      # offsets[T*B] alone
+        self._arb = MemPortArbiter(clients=4, addr_bits=addr_bits, ctx_bits=self._readers[0].ctx_bits)
         self.ctx_bits = self._arb.ctx_bits + self._arb.client_bits
         super().__init__({
             "start": In(1),
@@ -100,11 +105,13 @@ class LookupFeeder(wiring.Component):
         m.submodules.offsets = offs = self._readers[0]
         m.submodules.indices = idxs = self._readers[1]
         m.submodules.weights = wgts = self._readers[2]
+        m.submodules.end = end = self._end_reader
         m.submodules.arb = arb = self._arb
         for i, r in enumerate(self._readers):
             wiring.connect(m, r.mem, arb.clients[i])
+        connect_port(m, end.mem, arb.clients[3])          # its ctx is narrower: zero-extended
         wiring.connect(m, arb.mem, wiring.flipped(self.mem))
-        readers = (offs, idxs, wgts)
+        readers = (offs, idxs, wgts, end)
 
         nbags = Signal(32)
         bag = Signal(32)                 # bags done
@@ -126,8 +133,9 @@ class LookupFeeder(wiring.Component):
         media = Signal()
         cap = self.capacity_lines
 
-        m.d.comb += [offs.base.eq(cmd.offsets_addr), wgts.base.eq(cmd.weights_addr)]
-        with m.If(offs.media_error | idxs.media_error | wgts.media_error):
+        m.d.comb += [offs.base.eq(cmd.offsets_addr), end.base.eq(cmd.offsets_addr), idxs.base.eq(cmd.indices_addr),
+                     wgts.base.eq(cmd.weights_addr)]
+        with m.If(offs.media_error | idxs.media_error | wgts.media_error | end.media_error):
             m.d.sync += media.eq(1)
 
         # Round robin over the units with room, starting at rr.
@@ -153,8 +161,12 @@ class LookupFeeder(wiring.Component):
             item.out_line.eq(out_row + tbl.col_lines), item.unit.eq(unit),
             item.first.eq(j == 0), item.last.eq(j + 1 == length),
         ]
+        # The indices (and weights) arrays' lines, from cmd.index_count: the streams start
+        # before offsets[T*B] is known, and CHECK fails unless the two are equal.
         idx_lines = Signal(33)
-        m.d.comb += idx_lines.eq((off_end + 15) >> 4)
+        m.d.comb += idx_lines.eq((cmd.index_count + 15) >> 4)
+        indices_outside = cmd.indices_addr + idx_lines > cap
+        weights_outside = cmd.flags.has_weights & (cmd.weights_addr + idx_lines > cap)
 
         def load_bag(this_bag):
             """Check the end offset of bag ``this_bag`` (the head of the offsets stream; its
@@ -198,19 +210,23 @@ class LookupFeeder(wiring.Component):
                                  self.lookups.eq(0), out_row.eq(cmd.out_addr)]
                     m.next = "READ_END"
             with m.State("READ_END"):
-                # Both ends of the offsets array at once: the stream from offsets[0], and
-                # offsets[T*B] through the indices reader (idle until CHECK).
+                # Both ends of the offsets array at once (the stream from offsets[0], and
+                # offsets[T*B]), and the indices and weights when they lie inside memory.
+                streams_ok = ~indices_outside & ~weights_outside
                 m.d.comb += [offs.start.eq(1), offs.first.eq(0), offs.count.eq(nbags + 1),
-                             idxs.start.eq(1), idxs.first.eq(nbags), idxs.count.eq(1)]
+                             end.start.eq(1), end.first.eq(nbags), end.count.eq(1),
+                             idxs.start.eq(streams_ok), idxs.first.eq(0), idxs.count.eq(cmd.index_count),
+                             wgts.start.eq(streams_ok & cmd.flags.has_weights), wgts.first.eq(0),
+                             wgts.count.eq(cmd.index_count)]
                 m.d.sync += [got_end.eq(0), got_first.eq(0)]
                 m.next = "WAIT_END"
             with m.State("WAIT_END"):
-                m.d.comb += [idxs.elems.ready.eq(~got_end), offs.elems.ready.eq(~got_first)]
-                with m.If(idxs.elems.valid & ~got_end):
-                    m.d.sync += [off_end.eq(idxs.elems.payload), got_end.eq(1)]
+                m.d.comb += [end.elems.ready.eq(~got_end), offs.elems.ready.eq(~got_first)]
+                with m.If(end.elems.valid & ~got_end):
+                    m.d.sync += [off_end.eq(end.elems.payload), got_end.eq(1)]
                 with m.If(offs.elems.valid & ~got_first):
                     m.d.sync += [prev.eq(offs.elems.payload), got_first.eq(1)]
-                with m.If((got_end | idxs.elems.valid) & (got_first | offs.elems.valid)):
+                with m.If((got_end | end.elems.valid) & (got_first | offs.elems.valid)):
                     m.next = "CHECK"
             with m.State("CHECK"):
                 # PyTorch's contract: offsets run from 0 to the index count. Anything else
@@ -219,14 +235,11 @@ class LookupFeeder(wiring.Component):
                     fail(NdpError.OFFSETS, 0)
                 with m.Elif(off_end != cmd.index_count):
                     fail(NdpError.OFFSETS, nbags)
-                with m.Elif(cmd.indices_addr + idx_lines > cap):
+                with m.Elif(indices_outside):
                     fail(NdpError.ADDRESS, AddressFault.INDICES)
-                with m.Elif(cmd.flags.has_weights & (cmd.weights_addr + idx_lines > cap)):
+                with m.Elif(weights_outside):
                     fail(NdpError.ADDRESS, AddressFault.WEIGHTS)
-                with m.Elif(~idxs.busy):
-                    m.d.comb += [idxs.start.eq(1), idxs.first.eq(prev), idxs.count.eq(off_end - prev),
-                                 wgts.start.eq(cmd.flags.has_weights), wgts.first.eq(prev),
-                                 wgts.count.eq(off_end - prev)]
+                with m.Else():
                     m.next = "TABLE"
             with m.State("TABLE"):           # table_index = t: the descriptor arrives next cycle
                                              # (the first table; later ones are prefetched)
@@ -261,14 +274,12 @@ class LookupFeeder(wiring.Component):
                     m.d.comb += [r.abort.eq(1) for r in readers]
                     m.next = "DRAIN"
             with m.State("DRAIN"):
-                with m.If(~(offs.busy | idxs.busy | wgts.busy)):
+                with m.If(~(offs.busy | idxs.busy | wgts.busy | end.busy)):
                     m.d.comb += self.done.eq(1)
                     m.d.comb += [self.error.eq(Mux((err == NdpError.OK) & media, NdpError.MEDIA, err)),
                                  self.error_info.eq(err_info)]
                     m.next = "IDLE"
-        # The indices reader fetches offsets[T*B] in READ_END. From the first table's BAG on,
-        # the table memory is read one table ahead, so crossing to the next table costs one
-        # cycle (BAG), not three.
-        m.d.comb += [idxs.base.eq(Mux(fsm.ongoing("READ_END"), cmd.offsets_addr, cmd.indices_addr)),
-                     self.table_index.eq(Mux(fsm.ongoing("TABLE"), t, t + 1))]
+        # From the first table's BAG on, the table memory is read one table ahead, so
+        # crossing to the next table costs one cycle (BAG), not three.
+        m.d.comb += self.table_index.eq(Mux(fsm.ongoing("TABLE"), t, t + 1))
         return m
