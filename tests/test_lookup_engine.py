@@ -14,6 +14,7 @@ from amaranth.sim import Simulator
 
 from hw.ndp.command import AddressFault, CommandDescriptor, TableDescriptor, NdpError, PoolMode
 from hw.ndp.lookup import LookupEngine
+from hw.ndp.lookup_feeder import MAX_MEAN_LENGTH
 from sim.model.codec import StructCodec
 from sim.model.embedding import tbe_forward
 
@@ -21,6 +22,7 @@ CMD = StructCodec(CommandDescriptor)
 TBL = StructCodec(TableDescriptor)
 MODES = {"sum": PoolMode.SUM, "mean": PoolMode.MEAN, "weighted_sum": PoolMode.WEIGHTED_SUM}
 CAP = 1 << 12
+BIG_CAP = 1 << 14                           # the "mean_long" case: 65,537 indices and weights
 
 
 def _lines_of_u32(values) -> list[int]:
@@ -39,6 +41,8 @@ def _case(rng: np.random.Generator, bad: str | None = None):
         B = 8
     tables = [rng.standard_normal((rows, dim)).astype(np.float32) for rows, dim, _ in specs]
     lengths = rng.integers(1 if bad == "one_line" else 0, 7 if hot else 5, size=len(specs) * B)
+    if bad == "mean_long":                  # the MEAN table's first bag, loaded as table 0 ends
+        lengths[B] = MAX_MEAN_LENGTH + 1
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint32)
     indices = np.concatenate([rng.integers(0, 3 if hot else specs[i // B][0], size=n) for i, n in enumerate(lengths)]
                              ).astype(np.uint32)
@@ -86,6 +90,8 @@ def _case(rng: np.random.Generator, bad: str | None = None):
         layout["indices"] = reaching_past
     if bad == "weights_outside":
         layout["weights"] = reaching_past
+    if bad == "mean_long":
+        layout["indices"], layout["weights"] = 4096, 4096 + (index_count + 15) // 16
     line = 256
     pitch = sum(dim // 16 for _, dim, _ in specs)
     col = 0
@@ -119,8 +125,9 @@ def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline
     mem, cmd, descs, golden, layout, specs = _case(rng, bad)
     if to_host:
         cmd |= 1 << CMD._offsets["flags"][0]
-    dut = LookupEngine(addr_bits=12, capacity_lines=CAP, units=2, item_depth=16, rob_depth=16, id_base=0x40,
-                       fp32_pipeline=fp32_pipeline, cache_lines=cache_lines)
+    cap = BIG_CAP if bad == "mean_long" else CAP
+    dut = LookupEngine(addr_bits=cap.bit_length() - 1, capacity_lines=cap, units=2, item_depth=16, rob_depth=16,
+                       id_base=0x40, fp32_pipeline=fp32_pipeline, cache_lines=cache_lines)
     result = {}
     pushed = {}
 
@@ -162,7 +169,7 @@ def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline
             for p, port in enumerate(ports):
                 if ctx.get(port.req.valid) and ctx.get(port.req.ready):
                     addr = ctx.get(port.req.payload.addr)
-                    assert addr < CAP
+                    assert addr < cap
                     if ctx.get(port.req.payload.write):
                         result["writes"] = result.get("writes", 0) + 1
                         mem[addr] = ctx.get(port.req.payload.data)
@@ -273,7 +280,8 @@ def test_lookup_deep_fp32_pipeline():
     # (the memory stand-in asserts every address), and OFFSETS still comes before ADDRESS
     ("indices_outside", NdpError.ADDRESS, AddressFault.INDICES),
     ("weights_outside", NdpError.ADDRESS, AddressFault.WEIGHTS),
-    ("count_outside", NdpError.OFFSETS, 9)])
+    ("count_outside", NdpError.OFFSETS, 9),
+    ("mean_long", NdpError.BAD_DESCRIPTOR, 3)])
 def test_lookup_bad_input(bad, code, info):
     result, _, _, layout, _ = _run(3, bad=bad)
     if bad.endswith("_outside"):

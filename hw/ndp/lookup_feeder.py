@@ -21,9 +21,9 @@ ROW carries the row's first line (``table.base_addr + index * dim/16``), the ind
 its pooled vector goes to (``out_addr + b * row_pitch_lines + col_lines``).
 The feeder emits up to one item per cycle. A bag's end offset is read and its unit chosen
 (round robin over the units with room) in the cycle that takes the previous bag's last
-item, so inside a table a bag of L > 0 indices costs L cycles and an empty bag 1; the first
-bag of a table costs one more (the next table's descriptor is read while the table before
-it runs), the first table 2 more. A bag waits a cycle more when its offset is not there yet
+item, so a bag of L > 0 indices costs L cycles and an empty bag 1, across table boundaries
+too (the next table's descriptor is read while the table before it runs); the first table
+costs 2 more. A bag waits a cycle more when its offset is not there yet
 or no unit has room. Start-up: offsets[0], offsets[T*B] and the first lines of the indices
 (and weights) are read at once, so one read round trip passes before the first item. The
 indices and weights streams start only when their ``cmd.index_count`` elements lie inside
@@ -168,14 +168,15 @@ class LookupFeeder(wiring.Component):
         indices_outside = cmd.indices_addr + idx_lines > cap
         weights_outside = cmd.flags.has_weights & (cmd.weights_addr + idx_lines > cap)
 
-        def load_bag(this_bag):
+        def load_bag(this_bag, mode):
             """Check the end offset of bag ``this_bag`` (the head of the offsets stream; its
-            start is ``prev``) and, when a unit has room, make it the bag being emitted."""
+            start is ``prev``; its table's pooling ``mode``) and, when a unit has room, make it
+            the bag being emitted."""
             o = offs.elems.payload
             with m.If(offs.elems.valid):
                 with m.If((o < prev) | (o > off_end)):
                     fail(NdpError.OFFSETS, this_bag + 1)
-                with m.Elif((tbl.mode == PoolMode.MEAN) & (o - prev > MAX_MEAN_LENGTH)):
+                with m.Elif((mode == PoolMode.MEAN) & (o - prev > MAX_MEAN_LENGTH)):
                     fail(NdpError.BAD_DESCRIPTOR, this_bag)
                 with m.Elif(any_room):
                     m.d.comb += offs.elems.ready.eq(1)
@@ -187,9 +188,11 @@ class LookupFeeder(wiring.Component):
 
         def next_bag():
             """The bag's last item was taken this cycle: step to the next bag (or table, or
-            the end) in the same cycle. Inside a table the next bag's offset is taken in this
-            cycle too when it is there, so a bag costs L cycles (1 for an empty bag); else
-            BAG waits for it. Its checks come after every item of this bag, as in BAG."""
+            the end) in the same cycle. The next bag's offset is taken in this cycle too when
+            it is there (across a table boundary with the next table's descriptor, which
+            table_index has named since this bag began), so a bag costs L cycles (1 for an
+            empty bag); else BAG waits for it. Its checks come after every item of this bag,
+            as in BAG."""
             m.d.sync += [bag.eq(bag + 1), half_bag.eq(0)]
             with m.If(bag + 1 == nbags):
                 m.next = "DRAIN"
@@ -197,10 +200,11 @@ class LookupFeeder(wiring.Component):
                 # table_index has been t + 1 since the bag began: its descriptor is here.
                 m.d.sync += [b.eq(0), t.eq(t + 1), out_row.eq(cmd.out_addr), tbl.eq(self.table)]
                 m.next = "BAG"
+                load_bag(bag + 1, self.table.mode)
             with m.Else():
                 m.d.sync += [b.eq(b + 1), out_row.eq(out_row + cmd.row_pitch_lines)]
                 m.next = "BAG"
-                load_bag(bag + 1)
+                load_bag(bag + 1, tbl.mode)
 
         with m.FSM() as fsm:
             with m.State("IDLE"):
@@ -248,7 +252,7 @@ class LookupFeeder(wiring.Component):
                 m.d.sync += tbl.eq(self.table)
                 m.next = "BAG"
             with m.State("BAG"):
-                load_bag(bag)
+                load_bag(bag, tbl.mode)
             with m.State("EMPTY"):
                 m.d.comb += [self.items.valid.eq(1), item.kind.eq(ItemKind.EMPTY), item.weight.eq(ONE)]
                 with m.If(self.items.ready):
@@ -280,6 +284,6 @@ class LookupFeeder(wiring.Component):
                                  self.error_info.eq(err_info)]
                     m.next = "IDLE"
         # From the first table's BAG on, the table memory is read one table ahead, so
-        # crossing to the next table costs one cycle (BAG), not three.
+        # crossing to the next table costs no cycle.
         m.d.comb += self.table_index.eq(Mux(fsm.ongoing("TABLE"), t, t + 1))
         return m
