@@ -10,8 +10,8 @@ Ports
   ``error_info`` are valid with it. ``lookups``: ROW items emitted so far.
 - ``mem``: reads of the offsets, indices and weights arrays (four ElementReaders behind a
   MemPortArbiter: the offsets stream, offsets[T*B], the indices, the weights; ``ctx_bits``
-  is the port's ctx width). ``table_index`` runs one table
-  ahead of the table being fed, except in the first table's descriptor read.
+  is the port's ctx width). ``table_index`` runs one table ahead of the table being fed,
+  except in the first table's descriptor read.
 
 Order and contents: bags in TBE order (t*B + b); a bag of L > 0 indices becomes L ROW items
 (``first`` on the first, ``last`` on the last) all for one unit, a bag of L = 0 one EMPTY
@@ -23,8 +23,8 @@ The feeder emits up to one item per cycle. A bag's end offset is read and its un
 (round robin over the units with room) in the cycle that takes the previous bag's last
 item, so a bag of L > 0 indices costs L cycles and an empty bag 1, across table boundaries
 too (the next table's descriptor is read while the table before it runs); the first table
-costs 2 more. A bag waits a cycle more when its offset is not there yet
-or no unit has room. Start-up: offsets[0], offsets[T*B] and the first lines of the indices
+costs 2 more. A bag waits a cycle more when its offset is not there yet or no unit has
+room. Start-up: offsets[0], offsets[T*B] and the first lines of the indices
 (and weights) are read at once, so one read round trip passes before the first item. The
 indices and weights streams start only when their ``cmd.index_count`` elements lie inside
 device memory (the checks below find the same error either way: past the two OFFSETS
