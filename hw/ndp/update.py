@@ -1550,12 +1550,15 @@ class UpdateEngine(wiring.Component):
                          mstate.eq(Mgr.FL_CHK)]
         m.d.comb += mgr_idle.eq(mstate == Mgr.IDLE)
 
-        # Cleaner (eager write-back): while the lookahead runs and the port has no miss to
-        # serve, write back a dirty row that no queued occurrence uses (unpinned) and that was
-        # not hit since the CLOCK hand last passed it (cold), so its eviction later needs no
-        # write-back. It fills the write media while the FMA works through hot rows, and leaves
-        # fewer rows to the end of the batch. A row hit again is dirty again and is written
-        # back once more later.
+        # Cleaner (eager write-back): while the lookahead runs and the write-back machine is
+        # free (no miss at the port's head waits for it with its victim's write-back), write
+        # back a dirty row that no queued occurrence uses (unpinned) and that was not hit since
+        # the CLOCK hand last passed it (cold), so its eviction later needs no write-back. It
+        # fills the write media while the FMA works through hot rows, and while fills wait for
+        # their reads (its writes interleave with them on the port), and leaves fewer rows to
+        # the end of the batch. A row hit again is dirty again and is written back once more
+        # later. A row cleaned while a queued miss already holds its eviction is written twice
+        # with the same bytes: the miss's write-back starts after this one (wb_active).
         cp = Signal(SB)
         cp_rd = Signal(SB)                      # the address slot_cp.data belongs to
         clean_go = Signal()
@@ -1568,7 +1571,7 @@ class UpdateEngine(wiring.Component):
             slot_cp.addr.eq(cp),
             cleanable.eq((cp_rd == cp) & (cp < fresh) & crec.valid & dirty.bit_select(cp, 1)
                          & (crec.last_use < completed) & ~crec.ref),
-            clean_room.eq(look_run & val_ok & ~freeze & ~wb_active & ~me_valid & ~missq.r_rdy
+            clean_room.eq(look_run & val_ok & ~freeze & ~wb_active & ~(me_valid & me_wb)
                           & (writes_out < self.CLEAN_WRITES) & ~(push & (push_slot == cp))),
         ]
         with m.If(cleanable & clean_room):
