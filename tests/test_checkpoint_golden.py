@@ -13,7 +13,7 @@ import zlib
 import numpy as np
 import pytest
 
-from hw.checkpoint.log_format import ENTRY_MAGIC, LOG_MAGIC, LogState
+from hw.checkpoint.log_format import ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, LOG_MAGIC, LogState
 from hw.ndp.command import NdpError
 from sim.bfm.gpu_agent import (DEFAULT_EFFICIENCY, RTX3090_PEAK_FLOPS, GpuAgent, cache_window, mlp_image_lines,
                                mlp_layers, mlp_param_count, mlp_time_cycles, mlp_timing)
@@ -47,22 +47,39 @@ def test_record_round_trip_and_crc_against_hand_built_bytes():
     assert not ck.record_valid(0)
 
 
-def test_entry_round_trip_and_crc_against_hand_built_bytes():
-    payload = [int.from_bytes(bytes(range(i, i + 64)), "little") for i in (3, 70)]
-    lines = ck.pack_entry(9, 5, 1234, 0xABCDE, payload)
-    assert lines[1:] == payload
-    raw = struct.pack("<IIHBBIII", ENTRY_MAGIC, 9, 5, 2, 0, 1234, 0xABCDE, 0).ljust(64, b"\0")
-    crc = zlib.crc32(raw + b"".join(v.to_bytes(64, "little") for v in payload))
-    assert lines[0] == int.from_bytes(raw, "little") | crc << (8 * 20)
-    f = ck.unpack_entry(lines[0])
-    assert (f["magic"], f["batch"], f["table"], f["dim_lines"], f["row"], f["row_addr"], f["crc"]) == \
-        (ENTRY_MAGIC, 9, 5, 2, 1234, 0xABCDE, crc)
-    assert ck.entry_valid(lines[0], payload, batch=9)
-    assert ck.entry_problem(lines[0], payload, batch=8) == "batch 9 (expected 8)"
-    assert ck.entry_problem(lines[0], [payload[0], payload[1] ^ 1]) == "crc"
-    assert ck.entry_problem(lines[0], payload[:1]).startswith("1 payload lines")
-    assert ck.entry_problem(ck.pack_entry(9, 5, 1, 2, payload, magic=0)[0], payload).startswith("magic")
-    assert ck.entry_problem(ck.pack_entry(9, 5, 1, 2, [])[0], []) == "dim_lines 0"
+def test_entry_groups_and_crc_against_hand_built_bytes():
+    payloads = [[int.from_bytes(bytes(range(i + k, i + k + 64)), "little") for k in range(n)]
+                for i, n in ((3, 2), (70, 1), (9, 3), (1, 1), (5, 2))]
+    entries = [ck.LogEntry(5 + n, 1234 + n, 0xABCDE + 16 * n, tuple(p)) for n, p in enumerate(payloads)]
+    lines = ck.pack_entries(9, entries)
+    # two groups: a group line, the payloads of entries 0-3, a group line, entry 4's payload
+    assert len(lines) == 2 + sum(map(len, payloads))
+    assert lines[1:8] == [v for p in payloads[:4] for v in p] and lines[9:] == payloads[4]
+
+    def crc_of(e):
+        prefix = struct.pack("<IIHBBII", ENTRY_MAGIC, 9, e.table, len(e.payload), 0, e.row, e.row_addr).ljust(64, b"\0")
+        return zlib.crc32(prefix + b"".join(v.to_bytes(64, "little") for v in e.payload))
+
+    def group_bytes(group):
+        raw = struct.pack("<II", GROUP_MAGIC, 9) + b"".join(
+            struct.pack("<IIIBB", e.row_addr, e.row, crc_of(e), e.table, len(e.payload)) for e in group)
+        return int.from_bytes(raw.ljust(64, b"\0"), "little")
+
+    assert lines[0] == group_bytes(entries[:4]) and lines[8] == group_bytes(entries[4:])
+    f = ck.group_info(lines[0], 2)
+    assert (f["row_addr"], f["row"], f["crc"], f["table"], f["dim_lines"]) == (0xABCDE + 32, 1236, crc_of(entries[2]),
+                                                                               7, 3)
+    assert ck.entry_valid(lines[0], 2, payloads[2], batch=9)
+    assert ck.entry_problem(lines[0], 2, payloads[2], batch=8) == "batch 9 (expected 8)"
+    assert ck.entry_problem(lines[0], 0, [payloads[0][0], payloads[0][1] ^ 1]) == "crc"
+    assert ck.entry_problem(lines[0], 0, payloads[0][:1]).startswith("1 payload lines")
+    assert ck.entry_problem(lines[0], 1, payloads[0][:1]) == "crc"          # another entry's payload
+    assert ck.entry_problem(ck.pack_entries(9, entries, magic=0)[0], 0, payloads[0]).startswith("group magic")
+    assert ck.entry_problem(lines[8], 1, []) == "dim_lines 0"                # an unused place
+    bad = ck.pack_group(9, [ck.LogEntry(1, 2, 3, tuple(payloads[1]), crc=0)])
+    assert ck.entry_problem(bad, 0, payloads[1]) == "crc"
+    with pytest.raises(ValueError):
+        ck.pack_group(9, entries)
 
 
 def test_region_twin_packs_log_region_and_slot_bases():
@@ -70,7 +87,7 @@ def test_region_twin_packs_log_region_and_slot_bases():
     assert ck.CheckpointRegion.unpack(r.pack()) == r
     assert (r.emb_slot(4), r.emb_slot(7), r.mlp_slot(0), r.mlp_slot(1)) == (100, 130, 200, 206)
     assert (r.emb_lines, r.mlp_log_lines) == (60, 12)
-    assert ck.slot_lines_for(10, 32) == 2 + 10 * 3
+    assert ck.slot_lines_for(10, 32) == 2 + 10 * 2 + 3        # 3 group lines
 
 
 def test_torn_record_is_valid_only_when_every_word_is_new():
@@ -239,6 +256,7 @@ def test_torn_entry_is_log_corrupt_and_nothing_is_written():
     mem.update(_row_writes(tr, 0))
     base = REGION.emb_slot(0)
     victim = base + ck.SLOT_HEADER_LINES + 1                               # the first entry's payload
+    #                                                                        (after its group line)
     mem[victim] = ck.torn_line(mem[victim], mem[victim] ^ (1 << 200) ^ 1, 0b0000_1000)
     before = dict(mem)
     res = ck.golden_recover(mem, REGION)
@@ -246,24 +264,26 @@ def test_torn_entry_is_log_corrupt_and_nothing_is_written():
     assert mem == before and "crc" in res.problem
 
 
-@pytest.mark.parametrize("damage", ["batch", "magic", "dim_lines", "count"])
+@pytest.mark.parametrize("damage", ["batch", "magic", "dim_lines", "count", "lines", "later_crc"])
 def test_inconsistent_entries_are_log_corrupt(damage):
     tr = _training()
     mem = _fresh(tr)
-    entries = tr.expected_log(1, row_line)
-    if damage == "batch":
-        lines = [ck.pack_entry(0, t, r, e.row_addr, e.payload) for (t, r), e in entries.items()]
-    elif damage == "magic":
-        lines = [ck.pack_entry(1, t, r, e.row_addr, e.payload, magic=0) for (t, r), e in entries.items()]
-    else:
-        lines = [ck.pack_entry(1, t, r, e.row_addr, e.payload) for (t, r), e in entries.items()]
-    ck.write_log_slot(mem, REGION, 1, lines)
+    entries = [ck.LogEntry(t, r, e.row_addr, e.payload) for (t, r), e in tr.expected_log(1, row_line).items()]
+    assert len(entries) > GROUP_ENTRIES
+    ck.write_log_slot(mem, REGION, 1, entries, group_magic=0 if damage == "magic" else GROUP_MAGIC)
     base = REGION.emb_slot(1)
-    if damage == "dim_lines":
-        mem[base + 2] = mem[base + 2] & ~ck.ENTRY.pack(dim_lines=0xFF)    # dim_lines 0
+    first_group = base + ck.SLOT_HEADER_LINES
+    if damage == "batch":                                                 # the first group of batch 0
+        mem[first_group] = ck.pack_group(0, entries[:GROUP_ENTRIES])
+    if damage == "dim_lines":                                             # its first entry's dim_lines 0
+        mem[first_group] &= ~(ck.INFO.pack(dim_lines=0xFF) << ck._INFO_OFFSET)
+    if damage == "later_crc":                                             # the third entry's crc
+        mem[first_group] ^= ck.INFO.pack(crc=1) << (ck._INFO_OFFSET + 2 * ck.INFO.width)
+    f = ck.unpack_record(mem[base])
     if damage == "count":                                                 # LOGGED claims one entry more
-        f = ck.unpack_record(mem[base])
         mem[base] = ck.pack_record(LogState.LOGGED, 1, 1, f["count"] + 1, f["lines"])
+    if damage == "lines":                                                 # ... or one line more
+        mem[base] = ck.pack_record(LogState.LOGGED, 1, 1, f["count"], f["lines"] + 1)
     before = dict(mem)
     res = ck.golden_recover(mem, REGION)
     assert res.error == NdpError.LOG_CORRUPT and mem == before, res.problem
@@ -348,7 +368,7 @@ def test_check_log_slot_accepts_any_order_and_names_mismatches():
     ck.write_log_slot(mem2, REGION, 2, fewer)
     msgs = ck.check_log_slot(mem2, REGION, 2, exp)
     assert any("count/lines" in m for m in msgs)
-    dup = [ck.pack_entry(2, t, r, e.row_addr, e.payload) for (t, r), e in exp.items()]
+    dup = [ck.LogEntry(t, r, e.row_addr, e.payload) for (t, r), e in exp.items()]
     mem3 = {}
     ck.write_log_slot(mem3, REGION, 2, dup[:-1] + dup[:1])
     assert any("logged twice" in m for m in ck.check_log_slot(mem3, REGION, 2, exp))

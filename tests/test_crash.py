@@ -122,12 +122,14 @@ def test_overhead_composes_the_schedules():
 
 
 def test_log_floor_counts_the_log_format():
-    """Distinct rows' lines read once; lines + a header each, plus two records, written; even spread."""
+    """Distinct rows' lines read once; their lines, a group line per four rows and two records
+    written; even spread."""
     from sim.tb.overhead_tb import log_floor_cycles
     w = {"unique_rows": 10, "unique_lines": 20}          # dim-32 rows: 2 lines each
-    # 4 channels: reads 5 per channel, writes 32 -> 8 per channel; RD 2 and WR 10 cycles a line.
-    assert log_floor_cycles(w, 4, rd_cost_q8=2 * 256, wr_cost_q8=10 * 256) == 5 * 2 + 8 * 10
-    assert log_floor_cycles(w, 1, rd_cost_q8=256, wr_cost_q8=256) == 20 + 32
+    # 4 channels: reads 5 per channel, writes 20 + 3 + 2 = 25 -> 7 on the busiest channel; RD 2
+    # and WR 10 cycles a line.
+    assert log_floor_cycles(w, 4, rd_cost_q8=2 * 256, wr_cost_q8=10 * 256) == 5 * 2 + 7 * 10
+    assert log_floor_cycles(w, 1, rd_cost_q8=256, wr_cost_q8=256) == 20 + 25
 
 
 @pytest.mark.sim

@@ -208,7 +208,7 @@ def test_layout_reserves_checkpoint_logs():
         assert a.end <= b.base, (a, b)
     assert [r.name for r in regions[-3:]] == ["emb_log", "mlp_log", "free"] and regions[-1].end == 1 << 14
     assert lay.emb_log.base == lay.table_regions[-1].end
-    assert lay.slot_lines == 2 + 50 * (1 + 2) and lay.emb_log.lines == 2 * lay.slot_lines   # every index distinct
+    assert lay.slot_lines == 2 + 50 * 2 + 13 and lay.emb_log.lines == 2 * lay.slot_lines   # every index distinct
     assert lay.mlp_lines == 425 and lay.mlp_log.lines == 2 * 426
     assert lay.free.lines == plain.free.lines - lay.emb_log.lines - lay.mlp_log.lines
     r = lay.log_region
@@ -225,7 +225,7 @@ def test_layout_reserves_checkpoint_logs():
     assert exp[(1, 7)].row_addr == lay.row_line(1, 7) and exp[(1, 7)].dim_lines == 2
     assert 2 + entries_lines(exp) <= lay.slot_lines
     capped = plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14, emb_log=True, log_max_rows=7)
-    assert capped.slot_lines == 2 + 7 * 3 and capped.mlp_log is None and capped.log_region.mlp_lines == 0
+    assert capped.slot_lines == 2 + 7 * 2 + 2 and capped.mlp_log is None and capped.log_region.mlp_lines == 0
     only_mlp = plan_layout(TINY, batch_size=4, max_indices=50, capacity_lines=1 << 14, mlp_log_lines=3)
     assert only_mlp.emb_log is None and only_mlp.log_region.slot_lines == 0
     with pytest.raises(LayoutError, match="needs"):

@@ -8,12 +8,13 @@ replay with TCXL_SEED=<seed>."""
 import itertools
 import os
 import random
+import struct
 import zlib
 
 import pytest
 from amaranth.sim import Simulator
 
-from hw.checkpoint.log_format import ENTRY_MAGIC, LOG_MAGIC, EntryHeader, LogRecord, LogRegion, LogState
+from hw.checkpoint.log_format import ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, LOG_MAGIC, LogRecord, LogRegion, LogState
 from hw.checkpoint.recovery import RecoveryEngine
 from hw.mem.line_reader import LineReader
 from hw.ndp.command import AddressFault, CommandDescriptor, NdpError, NdpOpcode
@@ -22,7 +23,6 @@ from sim.model.codec import StructCodec
 
 CMD = StructCodec(CommandDescriptor)
 REC = StructCodec(LogRecord)
-ENT = StructCodec(EntryHeader)
 REG = StructCodec(LogRegion)
 CAP = 1 << 12
 REGION = dict(log_base=2048, slot_lines=300, mlp_base=3000, mlp_lines=6, mlp_host_addr=0)
@@ -44,11 +44,31 @@ def record(state, slot, batch, count=0, lines=0) -> int:
     return word | REC.pack(crc=zlib.crc32(_bytes(word)))
 
 
-def entry(batch, table, row, row_addr, payload) -> list[int]:
-    hdr = ENT.pack(magic=ENTRY_MAGIC, batch=batch, table=table, dim_lines=len(payload), row=row,
-                   row_addr=row_addr, crc=0)
-    crc = zlib.crc32(b"".join(_bytes(x) for x in [hdr] + payload))
-    return [hdr | ENT.pack(crc=crc)] + payload
+def entry(batch, table, row, row_addr, payload) -> dict:
+    """An entry and its CRC: zlib.crc32 of its CRC prefix line (struct-packed here), then the payload."""
+    prefix = struct.pack("<IIHBBII", ENTRY_MAGIC, batch, table, len(payload), 0, row, row_addr).ljust(64, b"\0")
+    return {"table": table, "row": row, "row_addr": row_addr, "dim_lines": len(payload), "payload": payload,
+            "crc": zlib.crc32(prefix + b"".join(_bytes(x) for x in payload))}
+
+
+def group_line(batch, ents, magic=GROUP_MAGIC) -> int:
+    raw = struct.pack("<II", magic, batch) + b"".join(
+        struct.pack("<IIIBB", e["row_addr"], e["row"], e["crc"], e["table"], e["dim_lines"]) for e in ents)
+    return int.from_bytes(raw.ljust(64, b"\0"), "little")
+
+
+def entry_lines(batch, entries) -> tuple[list[int], list[tuple[int, int]]]:
+    """The slot lines after the slot header: per GROUP_ENTRIES entries a group line, then their
+    payloads; and for each entry (its group line's index, its first payload line's index)."""
+    lines, where = [], []
+    for g in range(0, len(entries), GROUP_ENTRIES):
+        group = entries[g:g + GROUP_ENTRIES]
+        at = len(lines)
+        lines.append(group_line(batch, group))
+        for e in group:
+            where.append((at, len(lines)))
+            lines += e["payload"]
+    return lines, where
 
 
 def tear(new: int, old: int, rng) -> int:
@@ -143,13 +163,11 @@ def mlp_base(s, region=REGION):
 
 
 def write_slot(mem, s, batch, entries, logged=True, applied=False):
-    """entries: list of entry line lists. Returns the number of entry lines."""
-    line = slot_base(s) + 2
-    for e in entries:
-        for x in e:
-            mem[line] = x
-            line += 1
-    n = line - slot_base(s) - 2
+    """entries: list of ``entry`` dicts. Returns the number of entry lines."""
+    lines, _ = entry_lines(batch, entries)
+    for i, x in enumerate(lines):
+        mem[slot_base(s) + 2 + i] = x
+    n = len(lines)
     if logged:
         mem[slot_base(s)] = record(LogState.LOGGED, s, batch, len(entries), n)
     if applied:
@@ -290,39 +308,50 @@ def test_other_slot_rolled_back_when_newest_torn():
     assert sorted(a for a, _ in r["writes"]) == sorted(old4)
 
 
-@pytest.mark.parametrize("how", ["payload_word", "header_batch", "count", "dim0", "row_addr", "into_log"])
+@pytest.mark.parametrize("how", ["payload_word", "group_batch", "group_magic", "count", "lines", "dim0", "row_addr",
+                                 "into_log"])
 def test_torn_entry_log_corrupt(how):
+    """One damaged entry i (any place of its group line), group line or record: LOG_CORRUPT with
+    error_info = the entry whose check fails, before any write."""
     seed = _seed()
     rng = random.Random(seed)
     mem, old, ents = base_image(rng, k=5)
     s = 1
     i = rng.randrange(len(ents))
-    line = slot_base(s) + 2 + sum(len(e) for e in ents[:i])
+    _, where = entry_lines(5, ents)
+    group_at = slot_base(s) + 2 + where[i][0]
+    first = i - i % GROUP_ENTRIES              # the first entry of entry i's group
     info = i
+    rec = REC.unpack(mem[slot_base(s)])
     if how == "payload_word":                   # one 8-byte word of the payload changed
-        j = rng.randrange(1, len(ents[i]))
+        j = rng.randrange(ents[i]["dim_lines"])
         w = rng.randrange(8)
-        mem[line + j] ^= (rng.getrandbits(64) | 1) << 64 * w
+        mem[slot_base(s) + 2 + where[i][1] + j] ^= (rng.getrandbits(64) | 1) << 64 * w
+    elif how in ("group_batch", "group_magic"):     # CRCs right for the group line's batch
+        batch = 3 if how == "group_batch" else 5
+        group = [entry(batch, e["table"], e["row"], e["row_addr"], e["payload"])
+                 for e in ents[first:first + GROUP_ENTRIES]]
+        mem[group_at] = group_line(batch, group, magic=GROUP_MAGIC if how == "group_batch" else ENTRY_MAGIC)
+        info = first
+    elif how == "count":
+        mem[slot_base(s)] = record(LogState.LOGGED, s, 5, len(ents) + 1, rec["lines"])
+        info = len(ents)
+    elif how == "lines":                        # one line more than the entries take
+        mem[slot_base(s)] = record(LogState.LOGGED, s, 5, len(ents), rec["lines"] + 1)
+        info = len(ents)
     else:
-        h = ENT.unpack(ents[i][0])
-        if how == "header_batch":
-            h["batch"] = 3
-        elif how == "dim0":
-            h["dim_lines"] = 0
+        e = dict(ents[i])
+        if how == "dim0":
+            e["dim_lines"] = 0
         elif how == "row_addr":
-            h["row_addr"] = CAP - len(ents[i]) + 2          # the row reaches past device memory
+            e["row_addr"] = CAP - e["dim_lines"] + 1          # the row reaches past device memory
         elif how == "into_log":
-            h["row_addr"] = slot_base(0) + 5
-        if how == "count":
-            mem[slot_base(s)] = record(LogState.LOGGED, s, 5, len(ents) + 1, REC.get(mem[slot_base(s)], "lines"))
-            info = len(ents)
-        else:
-            fixed = entry(h["batch"], h["table"], h["row"], h["row_addr"], ents[i][1:])
-            h["crc"] = ENT.get(fixed[0], "crc") if how != "dim0" else 0
-            mem[line] = ENT.pack(**h)
-            if how == "dim0":
-                h["crc"] = zlib.crc32(_bytes(ENT.pack(**{**h, "crc": 0})))
-                mem[line] = ENT.pack(**h)
+            e["row_addr"] = slot_base(0) + 5
+        if how != "dim0":
+            e = entry(5, e["table"], e["row"], e["row_addr"], e["payload"])
+        group = list(ents[first:first + GROUP_ENTRIES])
+        group[i - first] = e
+        mem[group_at] = group_line(5, group)
     before = dict(mem)
     (r,) = recover(mem, seed)
     assert (r["error"], r["info"]) == (NdpError.LOG_CORRUPT, info), r

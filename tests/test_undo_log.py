@@ -10,14 +10,15 @@ seed and take TCXL_SEED to replay.
 """
 import os
 import random
+import struct
 import zlib
 
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hw.checkpoint.log_format import (ENTRY_MAGIC, LOG_MAGIC, RECORD_LINE_LOGGED, SLOT_HEADER_LINES, EntryHeader,
-                                      LogRecord, LogRegion, LogState)
+from hw.checkpoint.log_format import (ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, LOG_MAGIC, RECORD_LINE_LOGGED,
+                                      SLOT_HEADER_LINES, LogRecord, LogRegion, LogState)
 from hw.checkpoint.undo_log import UndoLogEngine
 from hw.ndp.command import AddressFault, CommandDescriptor, EngineStats, NdpError, NdpOpcode, TableDescriptor
 from pysim_memory import MemModel
@@ -26,7 +27,6 @@ from sim.model.codec import StructCodec
 CMD = StructCodec(CommandDescriptor)
 TBL = StructCodec(TableDescriptor)
 REC = StructCodec(LogRecord)
-HDR = StructCodec(EntryHeader)
 REG = StructCodec(LogRegion)
 STATS = StructCodec(EngineStats)
 ADDR_BITS = 14
@@ -57,7 +57,22 @@ def _crc_of(lines: list[int], crc_field_offset: int) -> int:
 
 
 REC_CRC = REC._offsets["crc"][0]
-HDR_CRC = HDR._offsets["crc"][0]
+
+
+def _group(line: int) -> tuple[int, int, list[dict]]:
+    """A group line decoded with struct (independent of the layout classes): magic, batch and
+    the GROUP_ENTRIES entry descriptions (row_addr, row, crc, table, dim_lines; 14 bytes each)."""
+    raw = _bytes(line)
+    magic, batch = struct.unpack_from("<II", raw)
+    infos = [dict(zip(("row_addr", "row", "crc", "table", "dim_lines"), struct.unpack_from("<IIIBB", raw, 8 + 14 * i)))
+             for i in range(GROUP_ENTRIES)]
+    return magic, batch, infos
+
+
+def _entry_crc(batch: int, info: dict, payload: list[int]) -> int:
+    prefix = struct.pack("<IIHBBII", ENTRY_MAGIC, batch, info["table"], info["dim_lines"], 0, info["row"],
+                         info["row_addr"]).ljust(64, b"\0")
+    return zlib.crc32(prefix + b"".join(_bytes(x) for x in payload))
 
 
 class Batch:
@@ -219,21 +234,25 @@ def check_logged(mem, old, batch: Batch, region, res):
     assert rec["count"] == len(keys)
     found = {}
     e = SLOT_HEADER_LINES
-    for _ in range(rec["count"]):
-        hline = mem[base + e]
-        h = HDR.unpack(hline)
+    for n in range(rec["count"]):
+        if n % GROUP_ENTRIES == 0:             # a group line, then its entries' payloads
+            magic, gbatch, infos = _group(mem[base + e])
+            assert magic == GROUP_MAGIC and gbatch == batch.batch
+            unused = infos[min(GROUP_ENTRIES, rec["count"] - n):]
+            assert all(not any(i.values()) for i in unused), "unused places of the last group line are zero"
+            e += 1
+        h = infos[n % GROUP_ENTRIES]
         dl = h["dim_lines"]
-        payload = [mem[base + e + 1 + k] for k in range(dl)]
-        assert h["magic"] == ENTRY_MAGIC and h["batch"] == batch.batch
+        payload = [mem[base + e + k] for k in range(dl)]
         t, row = h["table"], h["row"]
         assert (t, row) not in found, f"({t}, {row}) logged twice"
         rows, dim = batch.specs[t]
         assert dl == dim // 16 and row < rows
         assert h["row_addr"] == batch.bases[t] + row * dl
         assert payload == [old.get(h["row_addr"] + k, 0) for k in range(dl)], f"old value of ({t}, {row})"
-        assert h["crc"] == _crc_of([hline] + payload, HDR_CRC), "entry CRC"
+        assert h["crc"] == _entry_crc(batch.batch, h, payload), "entry CRC"
         found[(t, row)] = e
-        e += 1 + dl
+        e += dl
     assert set(found) == set(keys)
     assert rec["lines"] == e - SLOT_HEADER_LINES
     assert e <= region["slot_lines"]
@@ -377,10 +396,10 @@ def test_errors_then_recovery():
     keys = b.keys()
     fit, e = 0, SLOT_HEADER_LINES
     for t, _ in keys:
-        dl = SPECS[t][1] // 16
-        if e + 1 + dl > small["slot_lines"]:
+        need = (fit % GROUP_ENTRIES == 0) + SPECS[t][1] // 16       # a group line before every fourth
+        if e + need > small["slot_lines"]:
             break
-        fit, e = fit + 1, e + 1 + dl
+        fit, e = fit + 1, e + need
     assert fit < len(keys)
     res, _ = one(b, small)
     check_failed(mem, b, small, res, NdpError.LOG_FULL, fit)

@@ -25,13 +25,15 @@ Sequence (formats in hw/checkpoint/log_format.py):
    tie). None: ``emb_valid`` = 0, ``emb_batches`` = 0. If that slot's APPLIED record is
    valid with batch k: ``emb_batches`` = k+1, nothing is written. Otherwise batch k's update
    may be partial and is rolled back:
-   - pass 1 reads the slot's ``lines`` entry lines (from slot line 2) and checks every
-     entry: magic ENTRY_MAGIC, batch k, ``dim_lines`` 1..16, the entry inside ``lines``,
-     its rows inside device memory and outside the embedding log region, and its crc
-     (zlib.crc32 of the header with crc zero, then the payload); then the number of entries
-     must equal the record's ``count`` (and ``lines <= slot_lines - 2``). Any failure ends
-     with LOG_CORRUPT, ``error_info`` = the index of the failing entry (or the entries
-     counted), before any write.
+   - pass 1 reads the slot's ``lines`` entry lines (from slot line 2: per GROUP_ENTRIES
+     entries a group line, then their payloads) and checks every group line (magic
+     GROUP_MAGIC, batch k) and every entry of the record's ``count``: ``dim_lines`` 1..16,
+     the entry inside ``lines``, its rows inside device memory and outside the embedding log
+     region, and its crc (zlib.crc32 of its EntryCrcPrefix line with batch k, then the
+     payload); the entries must take exactly ``lines`` (and ``lines <= slot_lines - 2``).
+     Any failure ends with LOG_CORRUPT, ``error_info`` = the index of the failing entry (for
+     a group line: its first entry; for lines after the last entry: ``count``; for too few
+     lines: the entries counted), before any write.
    - pass 2 reads the entries again and writes every payload line j to ``row_addr + j``;
      done after every write is acknowledged (durable): ``emb_batches`` = k,
      ``rolled_back`` = 1.
@@ -46,9 +48,11 @@ gives the same tables and results. Assumes nothing writes device memory meanwhil
 Stats: ``unique_rows`` = entries checked, ``rows_written`` = entries rolled back,
 ``lines_read`` / ``lines_written`` = media lines.
 Throughput: one line per cycle per pass when ``depth`` covers the read latency (pass 2
-shares the port between its reads and its writes: about two cycles per payload line).
+shares the port between its reads and its writes: about two cycles per payload line). The
+CRC of an entry's prefix line is computed in the cycle before its first payload line (a
+second, small CRC unit: the prefix is 160 bits), so payload lines take one CRC step each.
 """
-from amaranth import Module, Signal, Const, Mux
+from amaranth import Cat, Module, Signal, Const, Mux
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -57,11 +61,14 @@ from ..mem.arbiter import client_port_signature
 from ..mem.line_reader import LineReader
 from ..ndp.command import AddressFault, NdpError, engine_control_signature
 from .crc import crc32_line
-from .log_format import (CRC_INIT, ENTRY_MAGIC, EntryHeader, LogRecord, LogRegion, LogState, SLOT_HEADER_LINES,
-                         RECORD_LINE_APPLIED, RECORD_LINE_LOGGED, entry_crc_offset, log_region_end, log_region_fits)
+from .log_format import (CRC_INIT, ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, EntryCrcPrefix, EntryGroup, EntryInfo,
+                         LogRecord, LogRegion, LogState, SLOT_HEADER_LINES, RECORD_LINE_APPLIED, RECORD_LINE_LOGGED,
+                         log_region_end, log_region_fits)
 from .record_check import RECORD_CRC_MASK, record_valid
 
 MAX_ENTRY_LINES = 16
+GSB = (GROUP_ENTRIES - 1).bit_length()
+assert GROUP_ENTRIES == 1 << GSB
 # the record reads fetch lines LOGGED and APPLIED of a slot as one run of two lines
 assert RECORD_LINE_APPLIED == RECORD_LINE_LOGGED + 1
 
@@ -136,8 +143,12 @@ class RecoveryEngine(wiring.Component):
         pos = Signal(34)                   # entry lines consumed in this pass
         remaining = Signal(5)              # payload lines left in the current entry
         entries = Signal(32)               # entries completed in this pass
+        need_grp = Signal()                # the next line is a group line
+        grp = Signal(EntryGroup)           # the current group line
+        info = Signal(EntryInfo)           # the current entry's description
+        first_line = Signal()              # its first payload line is next
+        start_crc = Signal(32)             # CRC register after its EntryCrcPrefix line
         crc_reg = Signal(32)
-        hdr_crc = Signal(32)
         row_addr = Signal(48)
         j = Signal(5)
         wr_out = Signal(33)                # row writes not yet acknowledged
@@ -149,20 +160,34 @@ class RecoveryEngine(wiring.Component):
         beat = reader.lines.payload
         line = beat.data
         rv = LogRecord(line[:LogRecord.as_shape().size])
-        hv = EntryHeader(line[:EntryHeader.as_shape().size])
+        gv = EntryGroup(line)
 
-        # ---- one CRC unit: record lines, entry headers (crc field zeroed), payloads -----
+        # ---- line classes in an entry pass: a group line, a payload line, or one too many
+        is_group = Signal()
+        is_payload = Signal()
+        m.d.comb += [is_group.eq(need_grp), is_payload.eq(~need_grp & (remaining != 0))]
+
+        # ---- the entry that starts after this line: from this group line (its first place) or
+        # from the latched group line (the place after the entry this line ends) --------------
+        next_n = Signal(32)
+        nxt = Signal(EntryInfo)
+        m.d.comb += [next_n.eq(Mux(is_group, entries, entries + 1)),
+                     nxt.eq(Mux(is_group, gv.entries[0], grp.entries[next_n[:GSB]]))]
+        prefix = Signal(EntryCrcPrefix)
+        m.d.comb += [prefix.magic.eq(ENTRY_MAGIC), prefix.batch.eq(k), prefix.table.eq(nxt.table),
+                     prefix.dim_lines.eq(nxt.dim_lines), prefix.row.eq(nxt.row), prefix.row_addr.eq(nxt.row_addr)]
+        prefix_v = prefix.as_value()
+        nxt_crc = crc32_line(CRC_INIT, Cat(prefix_v, Const(0, LINE_BITS - len(prefix_v))))
+
+        # ---- one CRC unit for records (crc field zeroed) and payload lines ------------------
         rec_mask = ~RECORD_CRC_MASK
-        ent_mask = ~Const(0xFFFF_FFFF << entry_crc_offset(), LINE_BITS)
         in_records = Signal()
-        is_header = Signal()
         crc_state = Signal(32)
         crc_data = Signal(LINE_BITS)
         crc_next = Signal(32)
         m.d.comb += [
-            is_header.eq(remaining == 0),
-            crc_state.eq(Mux(in_records | is_header, CRC_INIT, crc_reg)),
-            crc_data.eq(line & Mux(in_records, rec_mask, Mux(is_header, ent_mask, ~Const(0, LINE_BITS)))),
+            crc_state.eq(Mux(in_records, CRC_INIT, Mux(first_line, start_crc, crc_reg))),
+            crc_data.eq(line & Mux(in_records, rec_mask, ~Const(0, LINE_BITS))),
             crc_next.eq(crc32_line(crc_state, crc_data)),
         ]
         crc_final = crc_next ^ CRC_INIT
@@ -180,15 +205,29 @@ class RecoveryEngine(wiring.Component):
         m.d.comb += rec_ok.eq(~beat.error & record_valid(line, slot=exp_slot, state=exp_state, crc=crc_final) &
                               ((rec_i < 4) | (rv.lines == reg.mlp_lines)))
 
-        # ---- entry header checks ---------------------------------------------------------
+        # ---- entry checks: the group line's, and the next entry's description -------------
         log_end = Signal(34)
         m.d.comb += log_end.eq(log_region_end(reg))
-        hdr_end = Signal(34)
+        nxt_end = Signal(34)
         row_end = Signal(34)
-        m.d.comb += [hdr_end.eq(pos + 1 + hv.dim_lines), row_end.eq(hv.row_addr + hv.dim_lines)]
-        hdr_ok = ((hv.magic == ENTRY_MAGIC) & (hv.batch == k) & (hv.dim_lines != 0) &
-                  (hv.dim_lines <= MAX_ENTRY_LINES) & (hdr_end <= ent_lines) & (row_end <= cap) &
-                  ((row_end <= reg.log_base) | (hv.row_addr >= log_end)))
+        m.d.comb += [nxt_end.eq(pos + 1 + nxt.dim_lines), row_end.eq(nxt.row_addr + nxt.dim_lines)]
+        group_ok = (gv.magic == GROUP_MAGIC) & (gv.batch == k)
+        nxt_ok = ((nxt.dim_lines != 0) & (nxt.dim_lines <= MAX_ENTRY_LINES) & (nxt_end <= ent_lines) &
+                  (row_end <= cap) & ((row_end <= reg.log_base) | (nxt.row_addr >= log_end)))
+        more = Signal()                    # an entry starts after this line
+        m.d.comb += more.eq(next_n != ent_count)
+
+        def start_next():
+            """After this line: the next entry's payload (or its group line) follows."""
+            with m.If(is_group | (more & (next_n[:GSB] != 0))):
+                m.d.sync += [info.eq(nxt), remaining.eq(nxt.dim_lines), first_line.eq(1), start_crc.eq(nxt_crc),
+                             row_addr.eq(nxt.row_addr), j.eq(0)]
+            with m.Elif(more):
+                m.d.sync += need_grp.eq(1)
+
+        def pass_start():
+            m.d.sync += [pos.eq(0), remaining.eq(0), entries.eq(0), need_grp.eq(ent_count != 0)]
+            m.d.comb += [reader.start.eq(1), reader.base.eq(ent_base), reader.count.eq(ent_lines)]
 
         # ---- counters ----------------------------------------------------------------------
         with m.If(rreq.valid & rreq.ready):
@@ -288,49 +327,55 @@ class RecoveryEngine(wiring.Component):
                     m.d.sync += [err.eq(NdpError.LOG_CORRUPT), err_info.eq(0)]
                     m.next = "DONE"
                 with m.Else():
-                    m.d.sync += [pos.eq(0), remaining.eq(0), entries.eq(0)]
-                    m.d.comb += [reader.start.eq(1), reader.base.eq(ent_base), reader.count.eq(ent_lines)]
+                    pass_start()
                     m.next = "SCAN"
             with m.State("SCAN"):              # pass 1: check every entry, write nothing
                 m.d.comb += reader.lines.ready.eq(1)
                 with m.If(reader.lines.valid):
-                    m.d.sync += [pos.eq(pos + 1), crc_reg.eq(crc_next)]
+                    m.d.sync += [pos.eq(pos + 1), crc_reg.eq(crc_next), first_line.eq(0)]
                     with m.If(beat.error):
                         fail(NdpError.MEDIA, entries)
-                    with m.Elif(is_header):
-                        with m.If(~hdr_ok):
+                    with m.Elif(is_group):
+                        m.d.sync += [grp.eq(gv), need_grp.eq(0)]
+                        start_next()
+                        with m.If(~group_ok | ~nxt_ok):
                             fail(NdpError.LOG_CORRUPT, entries)
-                        m.d.sync += [hdr_crc.eq(hv.crc), remaining.eq(hv.dim_lines)]
-                    with m.Else():
+                    with m.Elif(is_payload):
                         m.d.sync += remaining.eq(remaining - 1)
                         with m.If(remaining == 1):
-                            with m.If(crc_final != hdr_crc):
-                                fail(NdpError.LOG_CORRUPT, entries)
                             m.d.sync += entries.eq(entries + 1)
+                            start_next()
+                            with m.If(crc_final != info.crc):
+                                fail(NdpError.LOG_CORRUPT, entries)
+                            with m.Elif(more & (next_n[:GSB] != 0) & ~nxt_ok):
+                                fail(NdpError.LOG_CORRUPT, next_n)
+                    with m.Else():             # a line after the last entry: lines and count disagree
+                        fail(NdpError.LOG_CORRUPT, entries)
                 with m.Elif(~reader.busy):
                     m.d.sync += n_checked.eq(entries)
                     with m.If(entries != ent_count):
                         m.d.sync += [err.eq(NdpError.LOG_CORRUPT), err_info.eq(entries)]
                         m.next = "DONE"
                     with m.Else():
-                        m.d.sync += [pos.eq(0), remaining.eq(0), entries.eq(0)]
-                        m.d.comb += [reader.start.eq(1), reader.base.eq(ent_base), reader.count.eq(ent_lines)]
+                        pass_start()
                         m.next = "ROLL"
-            with m.State("ROLL"):              # pass 2: write the old values back
+            with m.State("ROLL"):              # pass 2: write the old values back (pass 1 checked them)
                 m.d.comb += [wr_addr.eq(row_addr + j), wr_data.eq(line)]
                 with m.If(reader.lines.valid):
                     with m.If(beat.error):
                         m.d.comb += reader.lines.ready.eq(1)
                         fail(NdpError.MEDIA, entries)
-                    with m.Elif(is_header):
+                    with m.Elif(is_group):
                         m.d.comb += reader.lines.ready.eq(1)
-                        m.d.sync += [row_addr.eq(hv.row_addr), remaining.eq(hv.dim_lines), j.eq(0)]
+                        m.d.sync += [grp.eq(gv), need_grp.eq(0)]
+                        start_next()
                     with m.Else():
                         m.d.comb += [wr_valid.eq(1), reader.lines.ready.eq(req.ready)]
                         with m.If(req.ready):
                             m.d.sync += [j.eq(j + 1), remaining.eq(remaining - 1)]
                             with m.If(remaining == 1):
                                 m.d.sync += [entries.eq(entries + 1), n_rolled.eq(n_rolled + 1)]
+                                start_next()
                 with m.Elif(~reader.busy & (wr_out == 0)):
                     m.next = "DONE"
             with m.State("DRAIN"):             # wait for the reads and writes in flight

@@ -38,10 +38,12 @@ Sequence (slot s = k & 1 at slot_base = log_base + s * slot_lines; layout in log
 4. Deduplication (exact): an on-chip hash set of ``set_entries`` keys (t, row), WAYS = 4-way
    set-associative; set = (top bits of row * 0x9E3779B1) + t, modulo the number of sets. A key
    absent from the set is inserted and becomes an entry. Entries of a pass are allocated at the next
-   free slot line, packed from SLOT_HEADER_LINES. The keys are taken in partitions: partition
-   (p, d) is one pass over the whole index stream that keeps only keys with (row & (2**d - 1)) == p;
-   the first pass is (0, 0), every key. If a key finds its set full, the pass is abandoned (its
-   entries are overwritten: entry lines restart where the partition began) and the partition is
+   free slot line, packed from SLOT_HEADER_LINES; entry n (n = entries so far) with
+   n % GROUP_ENTRIES == 0 also allocates its group line in front of its payload. The keys are taken
+   in partitions: partition (p, d) is one pass over the whole index stream that keeps only keys with
+   (row & (2**d - 1)) == p; the first pass is (0, 0), every key. If a key finds its set full, the
+   pass is abandoned (its entries are overwritten: entry lines, the entry count and the group line
+   being filled restart where the partition began) and the partition is
    redone as its two halves (p, d+1) and (p + 2**d, d+1), depth first; partitions already complete
    are kept. A partition ends once the copy engine holds none of its keys. The set is emptied
    between passes (a generation tag per way, so emptying costs nothing; when the 16-bit tag wraps,
@@ -55,16 +57,18 @@ Sequence (slot s = k & 1 at slot_base = log_base + s * slot_lines; layout in log
    one pass per leaf partition plus one per split; a partition fits when no set gets a fifth key
    (with a uniform hash about set_entries / 8 keys; the default set rarely overflows below ~500
    distinct keys), so a batch of U distinct keys takes about 2 * U / (set_entries / 8) passes.
-5. Copy: for each entry (t, row) at slot line e: its dim_lines = dim/16 lines are read from
-   row_addr = table.base_addr + row * dim_lines and written to slot lines e+1 .. e+dim_lines (the old
-   value), then EntryHeader {ENTRY_MAGIC, batch k, table t, dim_lines, row, row_addr, crc} is written
-   to line e. crc = zlib.crc32(header line with crc 0 + payload lines), computed as the lines pass.
-   LOG_FULL, error_info = entries allocated so far, when an entry would end past the slot
-   (e + 1 + dim_lines > slot_lines); entries allocated before are still written.
+5. Copy: for each entry n = (t, row) with payload at slot line e: its dim_lines = dim/16 lines are
+   read from row_addr = table.base_addr + row * dim_lines and written to slot lines e .. e+dim_lines-1
+   (the old value); its EntryInfo {row_addr, row, crc, table t, dim_lines} goes into place
+   n % GROUP_ENTRIES of its group line (EntryGroup {GROUP_MAGIC, batch k}, unused places zero), which
+   is written after the payload of its last entry, or, for a last group that is not full, once every
+   entry is copied. crc = zlib.crc32(EntryCrcPrefix line + payload lines), computed as the lines pass.
+   LOG_FULL, error_info = entries allocated so far, when an entry would end past the slot; entries
+   allocated before are still written.
    MEDIA when any read returns error or poison or any write response has error; error_info =
    what << 24 (1 offsets, 2 indices, 5 row read, 6 write), like the UPDATE engine.
-6. After every entry write's response has arrived: LogRecord {LOG_MAGIC, LOGGED, slot s, batch k,
-   count = entries, lines = slot lines used after the slot header, crc} is written to slot line
+6. After every entry and group line write's response has arrived: LogRecord {LOG_MAGIC, LOGGED,
+   slot s, batch k, count = entries, lines = slot lines used after the slot header, crc} is written to slot line
    RECORD_LINE_LOGGED; ``done`` (OK) follows its write response. On any error the engine stops reading
    the arrays, lets the entries already allocated finish, waits for every outstanding response and
    ends with the slot's record FREE (so no LOGGED record). The engine never writes a table row and
@@ -82,11 +86,13 @@ Pipelining and throughput
   the whole command. New keys wait in a 16-entry queue for the copy engine (back-pressure).
 - Copy engine: a 64-line reorder ring; up to 64 row-line reads are outstanding (``ctx`` names the ring
   slot, so responses may return in any order); payload lines are written in order as they arrive,
-  then the header. Requests go through one output register: at most one request per cycle, entry
-  writes first, then record writes, then row reads. An entry costs 2*dim_lines+1 requests, so the
-  port bound is dim_lines / (2*dim_lines+1) copied lines per cycle. Measured (tests/test_undo_log.py,
-  test_copy_throughput: 60-cycle memory, always ready, distinct rows): 0.99 requests per cycle, i.e.
-  0.33 copied lines/cycle for dim 16 and 0.44 for dim 64 (bounds 0.33 and 0.44).
+  then (every GROUP_ENTRIES entries) the group line. Requests go through one output register: at most
+  one request per cycle, entry writes first, then record and group-flush writes, then row reads. An
+  entry costs 2*dim_lines + 1/GROUP_ENTRIES requests, so the port bound is dim_lines /
+  (2*dim_lines + 0.25) copied lines per cycle. Measured (tests/test_undo_log.py, test_copy_throughput:
+  60-cycle memory, always ready, distinct rows): 0.95-0.98 requests per cycle, i.e. 0.42 copied
+  lines/cycle for dim 16 and 0.48 for dim 64 (bounds 0.44 and 0.48; with a header line per entry,
+  before the group lines: 0.33 and 0.44).
 - Costs besides the copy: one FREE-record write round trip (overlapping the offsets stream), one
   offsets stream, P index streams per attempt, the LOGGED write round trip.
 
@@ -107,8 +113,9 @@ from ..mem.arbiter import MemPortArbiter, client_port_signature, connect_port
 from ..ndp.command import MAX_TABLES, TABLE_ID_BITS, AddressFault, NdpError, engine_control_signature
 from ..ndp.element_reader import ElementReader
 from .crc import crc32_line, crc32_single_line
-from .log_format import (CRC_INIT, ENTRY_MAGIC, LOG_MAGIC, RECORD_LINE_LOGGED, SLOT_HEADER_LINES, EntryHeader,
-                         LogRecord, LogRegion, LogState, entry_crc_offset, log_region_fits, record_crc_offset)
+from .log_format import (CRC_INIT, ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, LOG_MAGIC, RECORD_LINE_LOGGED,
+                         SLOT_HEADER_LINES, EntryCrcPrefix, EntryGroup, EntryInfo, LogRecord, LogRegion, LogState,
+                         log_region_fits, record_crc_offset)
 
 MAX_BAG = 0xFFFF                 # the UPDATE engine's bag-length limit (Fp32DivInt's 16-bit L)
 WIDE = 40                        # range-check arithmetic that never wraps
@@ -163,6 +170,8 @@ class UndoLogEngine(wiring.Component):
         SB = (NSETS - 1).bit_length()
         RING = self.RING
         RB = self.COPY_CTX
+        GSB = (GROUP_ENTRIES - 1).bit_length()
+        assert GROUP_ENTRIES == 1 << GSB
         GEN_MAX = (1 << self.GEN_BITS) - 1
         cmd = self.ctl.cmd
         tab = self.ctl.table
@@ -201,6 +210,8 @@ class UndoLogEngine(wiring.Component):
         m.d.comb += pmask.eq(((Const(1, 33) << p_log) - 1)[:32])
         part_e = Signal(34)                     # alloc_e and entries when the partition began
         part_entries = Signal(32)
+        part_grp = Signal(EntryGroup)           # ... and the writer's group line and its place
+        part_grp_e = Signal(32)
         # GEN_MAX after reset: the first pass clears the set for real. The memory keeps its
         # contents through a reset, and entries of generation 1.. from before it would
         # otherwise count as logged rows (which the log would then miss).
@@ -238,14 +249,15 @@ class UndoLogEngine(wiring.Component):
                 self.data = Signal(LINE_BITS, name=f"{name}_data")
                 self.ctx = Signal(RB, name=f"{name}_ctx")
 
-        src_wr = Source("entry_wr")             # entry payload and header writes
+        src_wr = Source("entry_wr")             # entry payload and group-line writes
         src_rec = Source("record")              # FREE / LOGGED record writes
+        src_grp = Source("group_flush")         # the last group line, when not full
         src_rd = Source("row_rd")               # row-line reads
-        m.d.comb += [src_wr.write.eq(1), src_rec.write.eq(1), src_rd.write.eq(0)]
+        m.d.comb += [src_wr.write.eq(1), src_rec.write.eq(1), src_grp.write.eq(1), src_rd.write.eq(0)]
         granted = Signal()
         g_write = Signal()
         blocked = 0
-        for src in (src_wr, src_rec, src_rd):
+        for src in (src_wr, src_rec, src_grp, src_rd):
             mine = Signal(name=f"{src.valid.name}_mine")
             m.d.comb += [mine.eq(src.valid & ~blocked), src.ready.eq(take & mine)]
             with m.If(mine):
@@ -301,8 +313,9 @@ class UndoLogEngine(wiring.Component):
         set_wp = dedup.write_port()
         set_rp = dedup.read_port(transparent_for=(set_wp,))
 
+        # e: the entry's first payload line (slot-relative); gslot: its place in the group line
         entry_layout = data.StructLayout({"e": 32, "lines": 5, "table": TABLE_ID_BITS, "row": 32,
-                                          "row_addr": A})
+                                          "row_addr": A, "gslot": GSB})
         m.submodules.key_q = key_q = ResetInserter(copy_clr)(
             SyncFIFOBuffered(width=entry_layout.size, depth=self.KEY_QUEUE))
 
@@ -325,8 +338,11 @@ class UndoLogEngine(wiring.Component):
                 m.d.comb += hit.eq(1)
             with m.If(~cur):
                 m.d.comb += [free.eq(1), free_way.eq(i)]
+        # Entry n = ``entries`` takes place n % GROUP_ENTRIES of group line n // GROUP_ENTRIES;
+        # the group's first entry allocates that line in front of its payload.
+        g_first = Signal()
         new_end = Signal(34)
-        m.d.comb += new_end.eq(alloc_e + 1 + s1_lines)
+        m.d.comb += [g_first.eq(entries[:GSB] == 0), new_end.eq(alloc_e + g_first + s1_lines)]
         s1_ovf = Signal()
         s1_full = Signal()
         s1_push = Signal()
@@ -336,8 +352,9 @@ class UndoLogEngine(wiring.Component):
         new_way = Signal(way_layout)
         m.d.comb += [new_way.gen.eq(gen), new_way.key.eq(s1_key)]
         new_entry = Signal(entry_layout)
-        m.d.comb += [new_entry.e.eq(alloc_e), new_entry.lines.eq(s1_lines), new_entry.table.eq(s1_key.table),
-                     new_entry.row.eq(s1_key.row), new_entry.row_addr.eq(s1_addr),
+        m.d.comb += [new_entry.e.eq(alloc_e + g_first), new_entry.lines.eq(s1_lines),
+                     new_entry.table.eq(s1_key.table), new_entry.row.eq(s1_key.row), new_entry.row_addr.eq(s1_addr),
+                     new_entry.gslot.eq(entries[:GSB]),
                      key_q.w_data.eq(new_entry), key_q.w_en.eq(s1_push)]
         clr_set = Signal(SB + 1)
         clearing = Signal()
@@ -380,12 +397,14 @@ class UndoLogEngine(wiring.Component):
                 m.d.sync += k_rd.eq(0)
                 m.d.comb += key_q.r_en.eq(1)
 
-        # Writer: payload lines in order as they arrive, CRC on the way, then the header.
-        def header_line(entry):
-            hdr = Signal(EntryHeader)
-            m.d.comb += [hdr.magic.eq(ENTRY_MAGIC), hdr.batch.eq(cmd.batch), hdr.table.eq(entry.table),
-                         hdr.dim_lines.eq(entry.lines), hdr.row.eq(entry.row), hdr.row_addr.eq(entry.row_addr)]
-            return _line_of(hdr)
+        # Writer: payload lines in order as they arrive, CRC on the way; then the entry's
+        # EntryInfo goes into the group line ``grp``, which is written after its last entry's
+        # payload (or, for a last group that is not full, by the FSM's GROUP_FLUSH).
+        def crc_prefix_line(entry):
+            pre = Signal(EntryCrcPrefix)
+            m.d.comb += [pre.magic.eq(ENTRY_MAGIC), pre.batch.eq(cmd.batch), pre.table.eq(entry.table),
+                         pre.dim_lines.eq(entry.lines), pre.row.eq(entry.row), pre.row_addr.eq(entry.row_addr)]
+            return _line_of(pre)
 
         wv = Signal()
         cur = Signal(entry_layout)
@@ -394,12 +413,19 @@ class UndoLogEngine(wiring.Component):
         line_here = arrived.bit_select(r_head[:RB], 1)
         payload_phase = k_wr != cur.lines
         w_finish = Signal()
+        grp = Signal(EntryGroup)                # the group line being filled
+        grp_e = Signal(32)                      # its slot line
+        cur_info = Signal(EntryInfo)
+        m.d.comb += [cur_info.row_addr.eq(cur.row_addr), cur_info.row.eq(cur.row), cur_info.crc.eq(crc ^ CRC_INIT),
+                     cur_info.table.eq(cur.table), cur_info.dim_lines.eq(cur.lines)]
+        grp_full = Signal(EntryGroup)           # grp with the current entry in the group's last place
+        m.d.comb += [grp_full.eq(grp), grp_full.entries[GROUP_ENTRIES - 1].eq(cur_info)]
+        last_in_group = cur.gslot == GROUP_ENTRIES - 1
         m.d.comb += [
-            src_wr.valid.eq(wv & free_acked & ~hard_stop & (~payload_phase | line_here)),
-            src_wr.addr.eq(slot_base + cur.e + Mux(payload_phase, 1 + k_wr, 0)),
-            src_wr.data.eq(Mux(payload_phase, ring_rp.data,
-                               header_line(cur) | ((crc ^ CRC_INIT) << entry_crc_offset()))),
-            w_finish.eq(src_wr.ready & ~payload_phase),
+            src_wr.valid.eq(wv & free_acked & ~hard_stop & Mux(payload_phase, line_here, last_in_group)),
+            src_wr.addr.eq(slot_base + Mux(payload_phase, cur.e + k_wr, grp_e)),
+            src_wr.data.eq(Mux(payload_phase, ring_rp.data, grp_full.as_value())),
+            w_finish.eq(wv & ~payload_phase & ~hard_stop & (~last_in_group | src_wr.ready)),
             ent_q.r_en.eq(~wv | w_finish),
         ]
         release = Signal()
@@ -407,12 +433,15 @@ class UndoLogEngine(wiring.Component):
             m.d.comb += release.eq(1)
             m.d.sync += [crc.eq(crc32_line(crc, ring_rp.data)), r_head.eq(r_head + 1), k_wr.eq(k_wr + 1)]
         with m.If(w_finish):
-            m.d.sync += wv.eq(0)
+            m.d.sync += [wv.eq(0), grp.entries[cur.gslot].eq(cur_info)]
         nxt = Signal(entry_layout)
         m.d.comb += nxt.eq(ent_q.r_data)
-        nxt_header = header_line(nxt)           # (unconditional: see tests/test_no_alwnever.py)
+        nxt_prefix = crc_prefix_line(nxt)       # (unconditional: see tests/test_no_alwnever.py)
         with m.If(ent_q.r_en & ent_q.r_rdy):
-            m.d.sync += [cur.eq(nxt), wv.eq(1), k_wr.eq(0), crc.eq(crc32_line(CRC_INIT, nxt_header))]
+            m.d.sync += [cur.eq(nxt), wv.eq(1), k_wr.eq(0), crc.eq(crc32_line(CRC_INIT, nxt_prefix))]
+            with m.If(nxt.gslot == 0):          # a new group line (after the merge above: it wins)
+                m.d.sync += [grp.magic.eq(GROUP_MAGIC), grp.batch.eq(cmd.batch), grp.entries.as_value().eq(0),
+                             grp_e.eq(nxt.e - 1)]
         set_mask = Mux(copy.rd_rsp.valid, Const(1, RING) << copy.rd_rsp.payload.ctx, 0)
         clr_mask = Mux(release, Const(1, RING) << r_head[:RB], 0)
         m.d.sync += arrived.eq((arrived | set_mask) & ~clr_mask)
@@ -582,19 +611,38 @@ class UndoLogEngine(wiring.Component):
                 with m.Elif((part & half) != 0):
                     m.d.sync += [part.eq(part - half), p_log.eq(p_log - 1)]
                 with m.Else():
-                    m.d.sync += [part.eq(part + half), part_e.eq(alloc_e), part_entries.eq(entries)]
+                    m.d.sync += [part.eq(part + half), part_e.eq(alloc_e), part_entries.eq(entries),
+                                 part_grp.eq(grp), part_grp_e.eq(grp_e)]
                     m.next = "PASS_INIT"
             with m.State("RESTART"):
                 # A set overflowed: wait for the copy engine's reads, forget its work (this pass's
                 # keys only), redo the partition as its two halves.
                 with m.If(~idxs.busy & (rd_pend == 0) & ~out_valid):
                     m.d.comb += copy_clr.eq(1)
-                    m.d.sync += [hard_stop.eq(0), alloc_e.eq(part_e), entries.eq(part_entries)]
+                    # The group line goes back to what the partition began with: entries of the
+                    # abandoned pass may have filled its later places or started new groups.
+                    m.d.sync += [hard_stop.eq(0), alloc_e.eq(part_e), entries.eq(part_entries),
+                                 grp.eq(part_grp), grp_e.eq(part_grp_e)]
                     with m.If(part == 0):
                         m.d.sync += st_lookups.eq(0)
                     m.next = "PASS_INIT"
             with m.State("COPY_WAIT"):
                 with m.If(quiet):
+                    with m.If(media):
+                        m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(media_info)]
+                        m.next = "DONE"
+                    with m.Elif(entries[:GSB] != 0):
+                        m.next = "GROUP_FLUSH"
+                    with m.Else():
+                        m.d.sync += rec_logged.eq(1)
+                        m.next = "LOGGED_REC"
+            with m.State("GROUP_FLUSH"):            # the last group line, not full
+                m.d.comb += [src_grp.valid.eq(1), src_grp.addr.eq(slot_base + grp_e),
+                             src_grp.data.eq(grp.as_value())]
+                with m.If(src_grp.ready):
+                    m.next = "GROUP_WAIT"
+            with m.State("GROUP_WAIT"):
+                with m.If((wr_pend == 0) & ~out_valid):
                     with m.If(media):
                         m.d.sync += [err.eq(NdpError.MEDIA), err_info.eq(media_info)]
                         m.next = "DONE"

@@ -3,19 +3,22 @@
 Contract
 --------
 Pure Python / numpy, no simulator. Every layout and constant comes from
-hw/checkpoint/log_format.py (``LogRecord``, ``EntryHeader``, ``LogRegion``, ``LogState``,
-``LOG_MAGIC`` / ``ENTRY_MAGIC``, slot line numbers) through ``StructCodec``; no offset is
-typed here. Lines are 512-bit ints, byte i = bits 8i..8i+7 (the device's little-endian line
-order); a CRC is ``zlib.crc32`` of those bytes with the ``crc`` field zero (an entry: its
-header line, crc zero, then its payload lines).
+hw/checkpoint/log_format.py (``LogRecord``, ``EntryGroup``, ``EntryInfo``, ``EntryCrcPrefix``,
+``LogRegion``, ``LogState``, the magics, GROUP_ENTRIES, slot line numbers) through
+``StructCodec``; no offset is typed here. Lines are 512-bit ints, byte i = bits 8i..8i+7 (the
+device's little-endian line order); a record's CRC is ``zlib.crc32`` of its bytes with the
+``crc`` field zero, an entry's that of its EntryCrcPrefix line followed by its payload lines.
 
 Records and entries
 - ``pack_record(state, slot, batch, count=0, lines=0)`` -> line (crc filled in);
   ``unpack_record(line)`` -> dict; ``record_valid(line, slot=, state=, batch=)``: magic, crc
   and (when given) the slot field, the state and the batch.
-- ``pack_entry(batch, table, row, row_addr, payload)`` -> [header, *payload];
-  ``entry_problem(header, payload, batch=)`` -> None or why the entry is invalid (magic,
-  crc, dim_lines, batch); ``entry_valid`` is its boolean.
+- ``LogEntry(table, row, row_addr, payload, crc=None)``: one entry (crc None = the right one);
+  ``pack_entries(batch, entries)`` -> the slot lines they take after the slot header (per
+  GROUP_ENTRIES entries a group line, then their payloads); ``entry_crc(...)``;
+  ``entry_problem(group_line, place, payload, batch=)`` -> None or why the entry in that place
+  of the group line is invalid (group magic, dim_lines, crc, batch); ``entry_valid`` is its
+  boolean; ``walk_entries`` parses a slot's entries the way recovery does.
 - ``torn_line(old, new, new_words)``: the power-failure tear (architecture.md §6): 8-byte
   word w is ``new``'s when bit w of ``new_words`` is set, else ``old``'s.
 
@@ -30,7 +33,7 @@ What a LOG must write
   is such a callable.
 - ``check_log_slot(read_line, region, batch, expected, applied=None)`` -> list of mismatch
   strings (empty = the slot is right): slot ``batch & 1`` must hold a valid LOGGED record
-  {batch, slot, count = len(expected), lines = sum(1 + dim_lines)}; walking the entries
+  {batch, slot, count = len(expected), lines = ``entries_lines``}; walking the entries
   from slot line 2, each must be valid, of ``batch``, a key of ``expected`` seen once, and
   equal to it (row_addr, dim_lines, payload). Entry order is free (compared as a set).
   ``applied`` True / False also requires the APPLIED record {batch, slot, count, lines}
@@ -45,9 +48,10 @@ Recovery: ``golden_recover(memory, region, apply=True)`` -> ``RecoveryResult``:
   expected at its line all match;
 - embedding: the valid LOGGED record with the highest batch k (slot s). If the APPLIED
   record of slot s is valid with batch k: emb_batches = k + 1, nothing written. Else every
-  entry (count of them, from slot line 2, each header + dim_lines payload) is verified:
-  magic, crc, dim_lines in 1..16, batch == k, inside the ``lines`` the record states and
-  inside the slot; any bad entry -> error LOG_CORRUPT and NO row written. Otherwise every
+  entry (count of them, from slot line 2, in groups: a group line, then its entries'
+  payloads) is verified: group magic, crc, dim_lines in 1..16, batch == k, inside the
+  ``lines`` the record states and inside the slot, and the entries must take exactly those
+  ``lines``; any bad entry -> error LOG_CORRUPT and NO row written. Otherwise every
   entry's payload is written to its row_addr (in log order), emb_batches = k,
   rolled_back = True. No valid LOGGED record: emb_valid = False, emb_batches = 0.
 - MLP: the valid MLP_LOGGED record (at MLP slot line 0, lines == mlp_lines) with the
@@ -76,16 +80,19 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from hw.checkpoint.log_format import (ENTRY_MAGIC, LOG_MAGIC, RECORD_LINE_APPLIED, RECORD_LINE_LOGGED,
-                                      SLOT_HEADER_LINES, EntryHeader, LogRecord, LogRegion, LogState,
-                                      emb_slot_base, mlp_slot_base)
+from hw.checkpoint.log_format import (ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, LOG_MAGIC, RECORD_LINE_APPLIED,
+                                      RECORD_LINE_LOGGED, SLOT_HEADER_LINES, EntryCrcPrefix, EntryGroup, EntryInfo,
+                                      LogRecord, LogRegion, LogState, emb_slot_base, group_lines, mlp_slot_base)
 from hw.common.cxl_mem import LINE_BYTES
 from hw.ndp.command import FLOATS_PER_LINE, NdpError
 from sim.model import embedding
 from sim.model.codec import StructCodec
 
 RECORD = StructCodec(LogRecord)
-ENTRY = StructCodec(EntryHeader)
+GROUP = StructCodec(EntryGroup)
+INFO = StructCodec(EntryInfo)
+PREFIX = StructCodec(EntryCrcPrefix)
+_INFO_OFFSET = EntryGroup.as_shape()["entries"].offset
 REGION = StructCodec(LogRegion)
 
 WORD_BYTES = 8
@@ -178,42 +185,115 @@ def record_str(line: int) -> str:
 # --------------------------------------------------------------------------------------------
 # entries
 # --------------------------------------------------------------------------------------------
-def pack_entry(batch: int, table: int, row: int, row_addr: int, payload: Sequence[int], *,
-               magic: int = ENTRY_MAGIC, crc: int | None = None) -> list[int]:
-    """[header, *payload] of one undo-log entry (``dim_lines`` = len(payload))."""
-    payload = [int(v) for v in payload]
-    header = ENTRY.pack(magic=magic, batch=batch, table=table, dim_lines=len(payload), row=row, row_addr=row_addr)
-    if crc is None:
-        crc = crc_lines([header, *payload])
-    return [header | ENTRY.pack(crc=crc), *payload]
+@dataclass(frozen=True)
+class LogEntry:
+    """One undo-log entry: the row's old value ``payload`` (lines) and where it goes back to."""
+    table: int
+    row: int
+    row_addr: int
+    payload: tuple[int, ...]
+    crc: int | None = None                    # None: the right CRC (give one to build a bad entry)
 
 
-def unpack_entry(header: int) -> dict[str, int]:
-    return ENTRY.unpack(header)
+def entry_crc(batch: int, table: int, row: int, row_addr: int, payload: Sequence[int]) -> int:
+    """zlib.crc32 of the entry's EntryCrcPrefix line, then its payload lines."""
+    prefix = PREFIX.pack(magic=ENTRY_MAGIC, batch=batch, table=table, dim_lines=len(payload), row=row,
+                         row_addr=row_addr)
+    return crc_lines([prefix, *payload])
 
 
-def entry_crc_ok(header: int, payload: Sequence[int]) -> bool:
-    return ENTRY.get(header, "crc") == crc_lines([_without_crc(header, ENTRY), *payload])
+def group_info(group_line: int, place: int) -> dict[str, int]:
+    """EntryInfo ``place`` (0 .. GROUP_ENTRIES-1) of a group line."""
+    return INFO.unpack(group_line >> (_INFO_OFFSET + place * INFO.width))
 
 
-def entry_problem(header: int, payload: Sequence[int], *, batch: int | None = None) -> str | None:
-    """None when the entry is valid (and of ``batch`` when given), else the reason."""
-    f = ENTRY.unpack(header)
-    if f["magic"] != ENTRY_MAGIC:
-        return f"magic {f['magic']:#x}"
+def pack_group(batch: int, entries: Sequence[LogEntry], *, magic: int = GROUP_MAGIC) -> int:
+    """The group line of up to GROUP_ENTRIES entries (unused places zero)."""
+    if len(entries) > GROUP_ENTRIES:
+        raise ValueError(f"{len(entries)} entries in one group line (at most {GROUP_ENTRIES})")
+    line = GROUP.pack(magic=magic, batch=batch)
+    for place, e in enumerate(entries):
+        crc = entry_crc(batch, e.table, e.row, e.row_addr, e.payload) if e.crc is None else e.crc
+        line |= INFO.pack(row_addr=e.row_addr, row=e.row, crc=crc, table=e.table,
+                          dim_lines=len(e.payload)) << (_INFO_OFFSET + place * INFO.width)
+    return line
+
+
+def pack_entries(batch: int, entries: Sequence[LogEntry], *, magic: int = GROUP_MAGIC) -> list[int]:
+    """The slot lines ``entries`` take after the slot header, in the device's layout."""
+    lines: list[int] = []
+    for g in range(0, len(entries), GROUP_ENTRIES):
+        group = entries[g:g + GROUP_ENTRIES]
+        lines.append(pack_group(batch, group, magic=magic))
+        for e in group:
+            lines += [int(v) for v in e.payload]
+    return lines
+
+
+def entry_problem(group_line: int, place: int, payload: Sequence[int], *, batch: int | None = None) -> str | None:
+    """None when the entry in ``place`` of the group line is valid with ``payload`` (and of
+    ``batch`` when given), else the reason."""
+    g = GROUP.unpack(group_line)
+    f = group_info(group_line, place)
+    if g["magic"] != GROUP_MAGIC:
+        return f"group magic {g['magic']:#x}"
     if not 1 <= f["dim_lines"] <= MAX_DIM_LINES:
         return f"dim_lines {f['dim_lines']}"
     if len(payload) != f["dim_lines"]:
         return f"{len(payload)} payload lines for dim_lines {f['dim_lines']}"
-    if not entry_crc_ok(header, payload):
+    if f["crc"] != entry_crc(g["batch"], f["table"], f["row"], f["row_addr"], payload):
         return "crc"
-    if batch is not None and f["batch"] != batch:
-        return f"batch {f['batch']} (expected {batch})"
+    if batch is not None and g["batch"] != batch:
+        return f"batch {g['batch']} (expected {batch})"
     return None
 
 
-def entry_valid(header: int, payload: Sequence[int], *, batch: int | None = None) -> bool:
-    return entry_problem(header, payload, batch=batch) is None
+def entry_valid(group_line: int, place: int, payload: Sequence[int], *, batch: int | None = None) -> bool:
+    return entry_problem(group_line, place, payload, batch=batch) is None
+
+
+@dataclass
+class WalkedEntry:
+    n: int                                    # entry number in the slot
+    line: int                                 # slot line of its first payload line
+    info: dict                                # its EntryInfo fields
+    payload: list[int]
+    problem: str | None
+
+
+def walk_entries(read, base: int, count: int, end: int, *, batch: int | None = None):
+    """Parse ``count`` entries from slot line SLOT_HEADER_LINES of the slot at ``base``, the way
+    recovery does; ``end``: the slot line no entry may reach past. Yields WalkedEntry; stops
+    after an entry whose dim_lines or extent is impossible (its problem says so). The caller
+    checks that the walk ends at the lines the record states."""
+    cursor = SLOT_HEADER_LINES
+    group = 0
+    for n in range(count):
+        place = n % GROUP_ENTRIES
+        if place == 0:
+            if cursor >= end:
+                yield WalkedEntry(n, cursor, {}, [], f"group line at slot line {cursor} past the end ({end})")
+                return
+            group = read(base + cursor)
+            cursor += 1
+        info = group_info(group, place)
+        dim_lines = info["dim_lines"]
+        if not 1 <= dim_lines <= MAX_DIM_LINES:
+            yield WalkedEntry(n, cursor, info, [], f"dim_lines {dim_lines}")
+            return
+        if cursor + dim_lines > end:
+            yield WalkedEntry(n, cursor, info, [], f"runs past the end ({end})")
+            return
+        payload = [read(base + cursor + i) for i in range(dim_lines)]
+        yield WalkedEntry(n, cursor, info, payload, entry_problem(group, place, payload, batch=batch))
+        cursor += dim_lines
+
+
+def entries_end(count: int, walked: Sequence[WalkedEntry]) -> int:
+    """Slot line after the last of ``count`` walked entries (all of them walked)."""
+    if not walked:
+        return SLOT_HEADER_LINES
+    return walked[-1].line + len(walked[-1].payload)
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,7 +337,7 @@ class CheckpointRegion:
 
 def slot_lines_for(unique_rows: int, max_dim: int) -> int:
     """Slot size for ``unique_rows`` entries of at most ``max_dim`` floats."""
-    return SLOT_HEADER_LINES + unique_rows * (1 + max_dim // FLOATS_PER_LINE)
+    return SLOT_HEADER_LINES + unique_rows * (max_dim // FLOATS_PER_LINE) + group_lines(unique_rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,10 +348,6 @@ class ExpectedEntry:
     row_addr: int
     dim_lines: int
     payload: tuple[int, ...]
-
-    @property
-    def lines(self) -> int:
-        return 1 + self.dim_lines
 
 
 def _row_line_fn(layout) -> Callable[[int, int], int]:
@@ -304,7 +380,7 @@ def expected_log_entries(tables: Sequence[np.ndarray], offsets, indices, batch_s
 
 def entries_lines(expected: Mapping[tuple[int, int], ExpectedEntry]) -> int:
     """Lines the entries take after the slot header (the LOGGED record's ``lines``)."""
-    return sum(e.lines for e in expected.values())
+    return sum(e.dim_lines for e in expected.values()) + group_lines(len(expected))
 
 
 def _reader(memory) -> Callable[[int], int]:
@@ -347,23 +423,14 @@ def check_log_slot(read_line, region: CheckpointRegion, batch: int,
             bad.append(f"batch {batch}: slot {slot} line 1 {'is not' if applied else 'is'} a valid APPLIED record "
                        f"of batch {batch}: {record_str(rec)}")
     seen: set[tuple[int, int]] = set()
-    cursor = SLOT_HEADER_LINES
-    for n in range(count):
-        if cursor >= region.slot_lines:
-            bad.append(f"batch {batch}: entry {n} would start at slot line {cursor} >= slot_lines")
+    for w in walk_entries(read, base, count, region.slot_lines, batch=batch):
+        f = w.info
+        if not w.payload:
+            bad.append(f"batch {batch}: entry {w.n} at slot line {w.line}: {w.problem}; stop walking")
             break
-        header = read(base + cursor)
-        f = ENTRY.unpack(header)
-        dim_lines = f["dim_lines"]
-        if not 1 <= dim_lines <= MAX_DIM_LINES:
-            bad.append(f"batch {batch}: entry {n} at slot line {cursor}: dim_lines {dim_lines}; stop walking")
-            break
-        payload = [read(base + cursor + 1 + i) for i in range(dim_lines)]
-        where = f"batch {batch}: entry {n} at slot line {cursor} (table {f['table']}, row {f['row']})"
-        cursor += 1 + dim_lines
-        problem = entry_problem(header, payload, batch=batch)
-        if problem:
-            bad.append(f"{where}: invalid ({problem})")
+        where = f"batch {batch}: entry {w.n} at slot line {w.line} (table {f['table']}, row {f['row']})"
+        if w.problem:
+            bad.append(f"{where}: invalid ({w.problem})")
         key = (f["table"], f["row"])
         want = expected.get(key)
         if want is None:
@@ -373,10 +440,10 @@ def check_log_slot(read_line, region: CheckpointRegion, batch: int,
         else:
             if f["row_addr"] != want.row_addr:
                 bad.append(f"{where}: row_addr {f['row_addr']:#x}, expected {want.row_addr:#x}")
-            if dim_lines != want.dim_lines:
-                bad.append(f"{where}: dim_lines {dim_lines}, expected {want.dim_lines}")
-            elif tuple(payload) != want.payload:
-                diff = [i for i, (a, b) in enumerate(zip(payload, want.payload)) if a != b]
+            if f["dim_lines"] != want.dim_lines:
+                bad.append(f"{where}: dim_lines {f['dim_lines']}, expected {want.dim_lines}")
+            elif tuple(w.payload) != want.payload:
+                diff = [i for i, (x, y) in enumerate(zip(w.payload, want.payload)) if x != y]
                 bad.append(f"{where}: payload lines {diff} differ from the row's old value")
         seen.add(key)
         if len(bad) >= max_report:
@@ -392,26 +459,22 @@ def check_log_slot(read_line, region: CheckpointRegion, batch: int,
 # writers (scripted images; the device's write order)
 # --------------------------------------------------------------------------------------------
 def write_log_slot(memory, region: CheckpointRegion, batch: int,
-                   entries: Mapping[tuple[int, int], ExpectedEntry] | Sequence, *, logged: bool = True) -> int:
-    """FREE record, the entries (dict from ``expected_log_entries`` or a list of [header,
-    *payload] line lists), then (``logged``) the LOGGED record. Returns the entry lines."""
+                   entries: Mapping[tuple[int, int], ExpectedEntry] | Sequence[LogEntry], *, logged: bool = True,
+                   group_magic: int = GROUP_MAGIC) -> int:
+    """FREE record, the entries (a dict from ``expected_log_entries`` or LogEntry objects, in
+    slot order), then (``logged``) the LOGGED record. Returns the entry lines."""
     slot, base = batch & 1, region.emb_slot(batch)
     memory[base + RECORD_LINE_LOGGED] = pack_record(LogState.FREE, slot, batch)
     if isinstance(entries, Mapping):
-        entry_lines = [pack_entry(batch, t, row, e.row_addr, e.payload) for (t, row), e in entries.items()]
-    else:
-        entry_lines = [list(e) for e in entries]
-    cursor = SLOT_HEADER_LINES
-    for lines in entry_lines:
-        for i, v in enumerate(lines):
-            memory[base + cursor + i] = v
-        cursor += len(lines)
-    used = cursor - SLOT_HEADER_LINES
-    if cursor > region.slot_lines:
-        raise ValueError(f"{used} entry lines do not fit a slot of {region.slot_lines} lines")
+        entries = [LogEntry(t, row, e.row_addr, e.payload) for (t, row), e in entries.items()]
+    lines = pack_entries(batch, list(entries), magic=group_magic)
+    if SLOT_HEADER_LINES + len(lines) > region.slot_lines:
+        raise ValueError(f"{len(lines)} entry lines do not fit a slot of {region.slot_lines} lines")
+    for i, v in enumerate(lines):
+        memory[base + SLOT_HEADER_LINES + i] = v
     if logged:
-        memory[base + RECORD_LINE_LOGGED] = pack_record(LogState.LOGGED, slot, batch, len(entry_lines), used)
-    return used
+        memory[base + RECORD_LINE_LOGGED] = pack_record(LogState.LOGGED, slot, batch, len(entries), len(lines))
+    return len(lines)
 
 
 def write_applied(memory, region: CheckpointRegion, batch: int) -> None:
@@ -503,26 +566,20 @@ def golden_recover(memory, region: CheckpointRegion, *, apply: bool = True) -> R
         return res
     writes: dict[int, int] = {}
     rows = []
-    cursor, end = SLOT_HEADER_LINES, SLOT_HEADER_LINES + rec["lines"]
-    for n in range(rec["count"]):
-        header = read(base + cursor)
-        dim_lines = ENTRY.get(header, "dim_lines")
-        problem = None
-        if not 1 <= dim_lines <= MAX_DIM_LINES:
-            problem = f"dim_lines {dim_lines}"
-        elif cursor + 1 + dim_lines > min(end, region.slot_lines):
-            problem = f"runs past the logged lines ({end}) or the slot ({region.slot_lines})"
-        else:
-            payload = [read(base + cursor + 1 + i) for i in range(dim_lines)]
-            problem = entry_problem(header, payload, batch=k)
-        if problem:
-            res.error, res.problem = NdpError.LOG_CORRUPT, f"entry {n} at slot {slot} line {cursor}: {problem}"
+    end = SLOT_HEADER_LINES + rec["lines"]
+    walked = []
+    for w in walk_entries(read, base, rec["count"], min(end, region.slot_lines), batch=k):
+        if w.problem:
+            res.error, res.problem = NdpError.LOG_CORRUPT, f"entry {w.n} at slot {slot} line {w.line}: {w.problem}"
             return res
-        f = ENTRY.unpack(header)
-        for i, v in enumerate(payload):
-            writes[f["row_addr"] + i] = v
-        rows.append((f["table"], f["row"]))
-        cursor += 1 + dim_lines
+        for i, v in enumerate(w.payload):
+            writes[w.info["row_addr"] + i] = v
+        rows.append((w.info["table"], w.info["row"]))
+        walked.append(w)
+    if entries_end(rec["count"], walked) != end:
+        res.error, res.problem = NdpError.LOG_CORRUPT, (f"{rec['count']} entries end at slot line "
+                                                        f"{entries_end(rec['count'], walked)}, the record says {end}")
+        return res
     if apply:
         for line, v in writes.items():
             memory[line] = v

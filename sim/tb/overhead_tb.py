@@ -36,6 +36,7 @@ import os
 
 import cocotb
 
+from hw.checkpoint.log_format import group_lines
 from sim.env import DeviceEnv
 from sim.model.dlrm import get_preset
 from sim.model.trace import TraceKnobs, generate_trace
@@ -46,11 +47,11 @@ from sim.tb.ndp_run_tb import even_spread, media_bound_cycles, media_costs, reco
 
 def log_floor_cycles(workload: dict, channels: int, rd_cost_q8: int, wr_cost_q8: int) -> float:
     """The least media time a LOG of this log format needs (sim/tb/eval_tb.py ``batch_workload``
-    counts): every distinct row's lines read once; its lines and a header line written, plus the
-    slot's two record writes; spread evenly over the channels (the index arrays' reads are left
-    out, so it is a lower bound)."""
+    counts): every distinct row's lines read once; its lines written, a group line per
+    GROUP_ENTRIES rows (hw/checkpoint/log_format.py), plus the slot's two record writes; spread
+    evenly over the channels (the index arrays' reads are left out, so it is a lower bound)."""
     reads = workload["unique_lines"]
-    writes = workload["unique_lines"] + workload["unique_rows"] + 2
+    writes = workload["unique_lines"] + group_lines(workload["unique_rows"]) + 2
     return media_bound_cycles(even_spread(reads, writes, channels), rd_cost_q8, wr_cost_q8)
 
 
