@@ -289,8 +289,8 @@ def walk_entries(read, base: int, count: int, end: int, *, batch: int | None = N
         cursor += dim_lines
 
 
-def entries_end(count: int, walked: Sequence[WalkedEntry]) -> int:
-    """Slot line after the last of ``count`` walked entries (all of them walked)."""
+def entries_end(walked: Sequence[WalkedEntry]) -> int:
+    """Slot line after the last walked entry's payload (SLOT_HEADER_LINES if none)."""
     if not walked:
         return SLOT_HEADER_LINES
     return walked[-1].line + len(walked[-1].payload)
@@ -576,9 +576,9 @@ def golden_recover(memory, region: CheckpointRegion, *, apply: bool = True) -> R
             writes[w.info["row_addr"] + i] = v
         rows.append((w.info["table"], w.info["row"]))
         walked.append(w)
-    if entries_end(rec["count"], walked) != end:
+    if entries_end(walked) != end:
         res.error, res.problem = NdpError.LOG_CORRUPT, (f"{rec['count']} entries end at slot line "
-                                                        f"{entries_end(rec['count'], walked)}, the record says {end}")
+                                                        f"{entries_end(walked)}, the record says {end}")
         return res
     if apply:
         for line, v in writes.items():
