@@ -32,11 +32,11 @@ Validity: a record counts only if its ``magic`` matches and its ``crc`` equals `
 over its bytes with the ``crc`` field zero. An entry counts only if its group line's ``magic``
 is GROUP_MAGIC and its ``EntryInfo.crc`` equals ``zlib.crc32`` over its ``EntryCrcPrefix``
 line (ENTRY_MAGIC, the group's batch, the entry's table, dim_lines, row, row_addr; rest zero)
-followed by its payload lines. A record torn by a power failure (each 8-byte word old or new) or never
-written is therefore treated as absent. Correctness does not rest on the CRC: an entry is
-used only when its slot's LOGGED record is valid, and that record is written only after
-every entry write was acknowledged (durable); the CRC is the second line of defence against
-media faults and what the recovery engine checks (error LOG_CORRUPT).
+followed by its payload lines. A record torn by a power failure (each 8-byte word old or
+new) or never written is therefore treated as absent. Correctness does not rest on the CRC:
+an entry is used only when its slot's LOGGED record is valid, and that record is written only
+after every entry and group line write was acknowledged (durable); the CRC is the second line
+of defence against media faults and what the recovery engine checks (error LOG_CORRUPT).
 
 Batch numbers: batch k is the (k+1)-th training batch. "Applied batches" n means the tables
 hold the state after batches 0 .. n-1 (n = 0: the initial tables). The MLP log taken during
