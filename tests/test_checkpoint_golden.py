@@ -276,9 +276,9 @@ def test_inconsistent_entries_are_log_corrupt(damage):
     if damage == "batch":                                                 # the first group of batch 0
         mem[first_group] = ck.pack_group(0, entries[:GROUP_ENTRIES])
     if damage == "dim_lines":                                             # its first entry's dim_lines 0
-        mem[first_group] &= ~(ck.INFO.pack(dim_lines=0xFF) << ck._INFO_OFFSET)
+        mem[first_group] &= ~(ck.INFO.pack(dim_lines=0xFF) << ck.INFO_OFFSET)
     if damage == "later_crc":                                             # the third entry's crc
-        mem[first_group] ^= ck.INFO.pack(crc=1) << (ck._INFO_OFFSET + 2 * ck.INFO.width)
+        mem[first_group] ^= ck.INFO.pack(crc=1) << (ck.INFO_OFFSET + 2 * ck.INFO.width)
     f = ck.unpack_record(mem[base])
     if damage == "count":                                                 # LOGGED claims one entry more
         mem[base] = ck.pack_record(LogState.LOGGED, 1, 1, f["count"] + 1, f["lines"])

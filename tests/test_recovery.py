@@ -1,14 +1,14 @@
 """RecoveryEngine (hw/checkpoint/recovery.py) and LineReader (hw/mem/line_reader.py) in Amaranth's simulator.
 
-Log images are built in Python from the layouts (``StructCodec``) with ``zlib.crc32`` on the
-line bytes (byte i = bits 8i..8i+7), independently of the RTL's CRC. A memory stand-in
+Log images are built in Python from the layouts (``StructCodec``; entry groups with
+sim/model/checkpoint.py's packers) with ``zlib.crc32`` on the line bytes (byte i = bits
+8i..8i+7), independently of the RTL's CRC. A memory stand-in
 (tests/pysim_memory.py) answers out of order with random latencies and stalls; reads see accepted writes; a power
 failure tears the writes in flight at 8-byte granularity. Random tests print their seed;
 replay with TCXL_SEED=<seed>."""
 import itertools
 import os
 import random
-import struct
 import zlib
 
 import pytest
@@ -19,6 +19,7 @@ from hw.checkpoint.recovery import RecoveryEngine
 from hw.mem.line_reader import LineReader
 from hw.ndp.command import AddressFault, CommandDescriptor, NdpError, NdpOpcode
 from pysim_memory import MemModel
+from sim.model import checkpoint as ck
 from sim.model.codec import StructCodec
 
 CMD = StructCodec(CommandDescriptor)
@@ -45,16 +46,16 @@ def record(state, slot, batch, count=0, lines=0) -> int:
 
 
 def entry(batch, table, row, row_addr, payload) -> dict:
-    """An entry and its CRC: zlib.crc32 of its CRC prefix line (struct-packed here), then the payload."""
-    prefix = struct.pack("<IIHBBII", ENTRY_MAGIC, batch, table, len(payload), 0, row, row_addr).ljust(64, b"\0")
+    """An entry and its CRC (zlib.crc32 of its CRC prefix line, then the payload:
+    sim/model/checkpoint.py's entry_crc, whose bytes test_checkpoint_golden pins by hand)."""
     return {"table": table, "row": row, "row_addr": row_addr, "dim_lines": len(payload), "payload": payload,
-            "crc": zlib.crc32(prefix + b"".join(_bytes(x) for x in payload))}
+            "crc": ck.entry_crc(batch, table, row, row_addr, payload)}
 
 
 def group_line(batch, ents, magic=GROUP_MAGIC) -> int:
-    raw = struct.pack("<II", magic, batch) + b"".join(
-        struct.pack("<IIIBB", e["row_addr"], e["row"], e["crc"], e["table"], e["dim_lines"]) for e in ents)
-    return int.from_bytes(raw.ljust(64, b"\0"), "little")
+    """The group line of ``ents`` as given (their crc and dim_lines fields, right or not)."""
+    return ck.pack_group(batch, [ck.LogEntry(e["table"], e["row"], e["row_addr"], tuple(e["payload"][:e["dim_lines"]]),
+                                             crc=e["crc"]) for e in ents], magic=magic)
 
 
 def entry_lines(batch, entries) -> tuple[list[int], list[tuple[int, int]]]:

@@ -4,24 +4,25 @@ A Python memory model (tests/pysim_memory.py) answers the engine's port with ran
 order, with random ``req.ready`` stalls; reads return the memory as of their acceptance (they see every
 earlier accepted write). Table descriptors come from a 1-cycle read port as the command processor's
 memory gives them. The golden expectations (distinct (table, row) keys, old row values, CRCs with
-zlib.crc32 on bytes) are computed here from the arrays, without the RTL's CRC code. Several commands run
+zlib.crc32 on bytes: sim/model/checkpoint.py's entry_crc, whose bytes test_checkpoint_golden pins by
+hand) are computed here from the arrays, without the RTL's CRC code. Several commands run
 back to back in one simulation (the engine must be reusable after an error). Random tests print their
 seed and take TCXL_SEED to replay.
 """
 import os
 import random
-import struct
 import zlib
 
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hw.checkpoint.log_format import (ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, LOG_MAGIC, RECORD_LINE_LOGGED,
-                                      SLOT_HEADER_LINES, LogRecord, LogRegion, LogState)
+from hw.checkpoint.log_format import (GROUP_ENTRIES, GROUP_MAGIC, LOG_MAGIC, RECORD_LINE_LOGGED, SLOT_HEADER_LINES,
+                                      LogRecord, LogRegion, LogState)
 from hw.checkpoint.undo_log import UndoLogEngine
 from hw.ndp.command import AddressFault, CommandDescriptor, EngineStats, NdpError, NdpOpcode, TableDescriptor
 from pysim_memory import MemModel
+from sim.model import checkpoint as ck
 from sim.model.codec import StructCodec
 
 CMD = StructCodec(CommandDescriptor)
@@ -58,21 +59,6 @@ def _crc_of(lines: list[int], crc_field_offset: int) -> int:
 
 REC_CRC = REC._offsets["crc"][0]
 
-
-def _group(line: int) -> tuple[int, int, list[dict]]:
-    """A group line decoded with struct (independent of the layout classes): magic, batch and
-    the GROUP_ENTRIES entry descriptions (row_addr, row, crc, table, dim_lines; 14 bytes each)."""
-    raw = _bytes(line)
-    magic, batch = struct.unpack_from("<II", raw)
-    infos = [dict(zip(("row_addr", "row", "crc", "table", "dim_lines"), struct.unpack_from("<IIIBB", raw, 8 + 14 * i)))
-             for i in range(GROUP_ENTRIES)]
-    return magic, batch, infos
-
-
-def _entry_crc(batch: int, info: dict, payload: list[int]) -> int:
-    prefix = struct.pack("<IIHBBII", ENTRY_MAGIC, batch, info["table"], info["dim_lines"], 0, info["row"],
-                         info["row_addr"]).ljust(64, b"\0")
-    return zlib.crc32(prefix + b"".join(_bytes(x) for x in payload))
 
 
 class Batch:
@@ -236,12 +222,14 @@ def check_logged(mem, old, batch: Batch, region, res):
     e = SLOT_HEADER_LINES
     for n in range(rec["count"]):
         if n % GROUP_ENTRIES == 0:             # a group line, then its entries' payloads
-            magic, gbatch, infos = _group(mem[base + e])
-            assert magic == GROUP_MAGIC and gbatch == batch.batch
-            unused = infos[min(GROUP_ENTRIES, rec["count"] - n):]
-            assert all(not any(i.values()) for i in unused), "unused places of the last group line are zero"
+            gline = mem[base + e]
+            g = ck.GROUP.unpack(gline)
+            assert g["magic"] == GROUP_MAGIC and g["batch"] == batch.batch
+            unused = range(min(GROUP_ENTRIES, rec["count"] - n), GROUP_ENTRIES)
+            assert not any(any(ck.group_info(gline, p).values()) for p in unused), \
+                "unused places of the last group line are zero"
             e += 1
-        h = infos[n % GROUP_ENTRIES]
+        h = ck.group_info(gline, n % GROUP_ENTRIES)
         dl = h["dim_lines"]
         payload = [mem[base + e + k] for k in range(dl)]
         t, row = h["table"], h["row"]
@@ -250,7 +238,7 @@ def check_logged(mem, old, batch: Batch, region, res):
         assert dl == dim // 16 and row < rows
         assert h["row_addr"] == batch.bases[t] + row * dl
         assert payload == [old.get(h["row_addr"] + k, 0) for k in range(dl)], f"old value of ({t}, {row})"
-        assert h["crc"] == _entry_crc(batch.batch, h, payload), "entry CRC"
+        assert h["crc"] == ck.entry_crc(batch.batch, t, row, h["row_addr"], payload), "entry CRC"
         found[(t, row)] = e
         e += dl
     assert set(found) == set(keys)

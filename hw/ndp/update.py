@@ -116,8 +116,10 @@ Scratchpad (a write-back cache of rows)
   program order), so a row evicted and missed again is read after its write-back.
 - Cleaner (eager write-back; Lee, Tyson and Farrens, MICRO 2000): a pointer walks the used
   slots, one per cycle, and writes back a dirty row that no queued occurrence uses (unpinned)
-  and that was not hit since the CLOCK hand last passed it, while the lookahead runs, no
-  miss waits for the port and fewer than CLEAN_WRITES (48) writes are in flight. The row stays
+  and that was not hit since the CLOCK hand last passed it, while the lookahead runs, the
+  write-back machine is free (no victim write-back of the miss at the queue's head is
+  pending; the cleaner's writes then interleave with the fills' reads) and fewer than
+  CLEAN_WRITES (48) writes are in flight. The row stays
   cached, clean: its eviction needs no write-back, and the end of the batch has fewer rows to
   write. So the write media work while the datapath is busy with hot rows (no misses), where
   they were idle. A dirty bit per slot (a scratch_lines register) is set by every occurrence

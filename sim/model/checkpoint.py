@@ -92,7 +92,7 @@ RECORD = StructCodec(LogRecord)
 GROUP = StructCodec(EntryGroup)
 INFO = StructCodec(EntryInfo)
 PREFIX = StructCodec(EntryCrcPrefix)
-_INFO_OFFSET = EntryGroup.as_shape()["entries"].offset
+INFO_OFFSET = EntryGroup.as_shape()["entries"].offset   # bit offset of EntryInfo 0 in a group line
 REGION = StructCodec(LogRegion)
 
 WORD_BYTES = 8
@@ -204,7 +204,7 @@ def entry_crc(batch: int, table: int, row: int, row_addr: int, payload: Sequence
 
 def group_info(group_line: int, place: int) -> dict[str, int]:
     """EntryInfo ``place`` (0 .. GROUP_ENTRIES-1) of a group line."""
-    return INFO.unpack(group_line >> (_INFO_OFFSET + place * INFO.width))
+    return INFO.unpack(group_line >> (INFO_OFFSET + place * INFO.width))
 
 
 def pack_group(batch: int, entries: Sequence[LogEntry], *, magic: int = GROUP_MAGIC) -> int:
@@ -215,7 +215,7 @@ def pack_group(batch: int, entries: Sequence[LogEntry], *, magic: int = GROUP_MA
     for place, e in enumerate(entries):
         crc = entry_crc(batch, e.table, e.row, e.row_addr, e.payload) if e.crc is None else e.crc
         line |= INFO.pack(row_addr=e.row_addr, row=e.row, crc=crc, table=e.table,
-                          dim_lines=len(e.payload)) << (_INFO_OFFSET + place * INFO.width)
+                          dim_lines=len(e.payload)) << (INFO_OFFSET + place * INFO.width)
     return line
 
 
