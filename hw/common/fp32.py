@@ -37,10 +37,12 @@ Pipelines (same ports, same results bit for bit, NaN patterns included; only the
 and the logic depth differ). LUT levels = the deepest register-to-register path into the
 stage's registers, UltraScale+ (method below):
 - "compact" (default; hw/ndp/lookup_unit.py and hw/ndp/update.py are timed around its 5):
-  1 operand select, classify, normalise a and b (13 levels from the ports); 2 product,
-  alignment distance (5); 3 align c, add, magnitude (13); 4 normalise: 76-bit
-  priority-chain leading-zero count, clamp, shift (29); 5 round, pack, special select (5).
-  Max 29.
+  1 operand select, classify, normalise a and b (11 levels from the ports); 2 product,
+  alignment distance (5); 3 align c, add, magnitude, the normaliser's shift limit and its
+  forced bit (10); 4 normalise (``normalise_left``: 16-bit pieces' zero flags and counts at
+  once, a coarse and a fine shift; the limit is a forced bit, not a compare) (15); 5 round,
+  pack, special select (5). Max 15 (29 before the normaliser was rebuilt: a 76-bit
+  priority-chain count, then a clamp, then the shift).
 - "deep" (registers ``d<k>_*``): d1 operand select (1); d2 unpack (4); d3 special cases,
   tree leading-zero counts of a and b, trailing zeros of c (6); d4 normalise a and b (the
   DSP48E2 A/B registers), product exponent (5); d5 product (M register), alignment
@@ -175,40 +177,89 @@ def unpack(m, x, name):
 
 def normalize24(m, mant, elsb, name):
     """Shift a 24-bit mantissa up to bit 23 set (subnormals); returns (mant, elsb)."""
-    n = lzc(m, mant, f"{name}_lz")
+    n = lzc_tree(m, mant, f"{name}_lz")
     mn = Signal(24, name=f"{name}_mn")
     en = Signal(signed(11), name=f"{name}_en")
     m.d.comb += [mn.eq((mant << n)[:24]), en.eq(elsb - n)]
     return mn, en
 
 
-def round_pack_stage1(m, s, etop, name):
+def shift_limit_bit(m, lim, w, name):
+    """The one bit ``round_pack_stage1`` forces into its ``w``-bit magnitude: bit w-1-lim
+    when 0 <= lim < w, else none (combinational; depends on ``lim`` only)."""
+    force = Signal(w, name=f"{name}_force")
+    with m.If((lim >= 0) & (lim < w)):
+        m.d.comb += force.eq(Const(1 << (w - 1), w) >> lim[:w.bit_length()])
+    return force
+
+
+NORM_CHUNK = 16          # the compact normaliser's coarse shift step
+
+
+def normalise_left(m, s, force, name):
+    """Shift ``s`` left by t = the leading-zero count of ``s | force`` (len(s) when zero);
+    returns (n = (s << t)[:len(s)], t), combinational, in few LUT levels: every NORM_CHUNK-bit
+    piece's zero flag and its own leading-zero count are computed at once; the zero flags
+    pick the coarse shift (whole pieces) and which piece's count is the fine shift."""
+    w, k = len(s), NORM_CHUNK
+    chunks = -(-(w + 1) // k)            # at least one padding bit: the count stops at w
+    pad = chunks * k
+    v = Signal(pad, name=f"{name}_v")    # the counted bits, padded below with ones
+    m.d.comb += v.eq(Cat(Const((1 << (pad - w)) - 1, pad - w), s | force))
+    zero, fine = [], []                  # piece j counts from the top
+    for j in range(chunks):
+        piece = v[pad - k * (j + 1):pad - k * j]
+        z = Signal(name=f"{name}_z{j}")
+        m.d.comb += z.eq(piece == 0)
+        zero.append(z)
+        fine.append(lzc_tree(m, piece, f"{name}_f{j}")[:k.bit_length() - 1])
+    x = Signal(pad, name=f"{name}_x")    # s at the top of the padded width
+    m.d.comb += x.eq(Cat(Const(0, pad - w), s))
+    coarse = Signal(pad, name=f"{name}_coarse")
+    c = Signal(range(chunks), name=f"{name}_c")
+    f = Signal(k.bit_length() - 1, name=f"{name}_fs")
+    for j in range(chunks):              # the first piece (from the top) with a one
+        with (m.If if j == 0 else m.Elif)(~zero[j] | (j == chunks - 1)):
+            m.d.comb += [coarse.eq(x << (k * j)), c.eq(j), f.eq(fine[j])]
+    n = Signal(w, name=f"{name}_nl")
+    t = Signal(range(pad + 1), name=f"{name}_t")
+    m.d.comb += [n.eq((coarse << f)[pad - w:pad]), t.eq(c * k + f)]
+    return n, t
+
+
+def round_pack_stage1(m, s, lim, name, force=None):
     """Normalise the exact magnitude ``s`` (bit len(s)-1 has exponent ``etop``).
 
-    Shifts left by the leading-zero count, but never below the subnormal exponent
-    (top bit exponent >= -126); if the whole window lies below it, shifts right and keeps a
-    sticky bit. Returns (n, sticky, efm) as combinational values: the top 24 bits of ``n``
+    ``lim`` = etop + 126 (signed): the most ``s`` may be shifted left, so that the top bit's
+    exponent stays >= -126 (callers may register it a stage early: it does not depend on
+    ``s``). Shifts left by the leading-zero count, but never by more than ``lim``; if the
+    whole window lies below the subnormal exponent (lim < 0), shifts right by -lim and keeps
+    a sticky bit. Returns (n, sticky, efm) as combinational values: the top 24 bits of ``n``
     are the mantissa (with hidden bit), the next one the round bit, the rest and ``sticky``
     are sticky; ``efm`` = biased exponent - 1 for a normal result (0 when subnormal).
+
+    Depth: the clamp min(lz, lim) is not a compare after the count. A one forced into bit
+    len(s)-1-lim (when 0 <= lim < len(s)) makes the count stop at ``lim`` by itself; the
+    right shift and its sticky bit depend on ``lim`` only (the sticky bit is ``s`` under a
+    mask of its low -lim bits). ``force`` = ``shift_limit_bit(m, lim, len(s), ...)``,
+    computed here when not given (a caller may register it with ``lim``).
     """
     w = len(s)
-    lz = lzc(m, s, f"{name}_lz")
-    lim = Signal(signed(14), name=f"{name}_lim")
-    t = Signal(signed(14), name=f"{name}_t")
-    m.d.comb += lim.eq(etop + 126)
-    m.d.comb += t.eq(Mux(lim < lz, lim, lz))
+    right = Signal(name=f"{name}_right")
+    m.d.comb += right.eq(lim < 0)
+    if force is None:
+        force = shift_limit_bit(m, lim, w, name)
+    nl, t = normalise_left(m, s, force, name)          # t = min(leading zeros, lim) when lim >= 0
     n = Signal(w, name=f"{name}_n")
     sticky = Signal(name=f"{name}_st")
     rs = Signal(range(w + 1), name=f"{name}_rs")
-    wide = Signal(2 * w, name=f"{name}_wide")
-    with m.If(t >= 0):
-        m.d.comb += n.eq((s << t[:len(rs)])[:w])
+    m.d.comb += rs.eq(Mux(-lim > w, w, -lim))
+    with m.If(~right):
+        m.d.comb += n.eq(nl)
     with m.Else():
-        m.d.comb += rs.eq(Mux(-t > w, w, -t))
-        m.d.comb += wide.eq(Cat(Const(0, w), s) >> rs)
-        m.d.comb += [n.eq(wide[w:]), sticky.eq(wide[:w] != 0)]
+        m.d.comb += [n.eq(s >> rs), sticky.eq((s & ~(Const((1 << w) - 1, w) << rs)[:w]) != 0)]
     efm = Signal(signed(14), name=f"{name}_efm")
-    m.d.comb += efm.eq(etop - t + 126)
+    m.d.comb += efm.eq(Mux(right, 0, lim - t))
     return n, sticky, efm
 
 
@@ -402,12 +453,14 @@ class Fp32Fma(wiring.Component):
         s3 = reg(m, mag, "s3")
         sign3 = reg(m, sign, "sign3")
         zs3 = reg(m, sp2 & sc2, "zs3")
-        etop3 = Signal(signed(12), name="etop3", reset_less=True)
-        m.d.sync += etop3.eq(base2 + 74)
+        # round_pack_stage1's shift limit (etop + 126) and its forced bit, a stage early
+        lim = Signal(signed(14))
+        m.d.comb += lim.eq(base2 + 74 + 126)
+        lim3, force3 = reg(m, lim, "lim3"), reg(m, shift_limit_bit(m, lim, len(mag), "rp"), "force3")
         spc3, spv3 = reg(m, spc2, "spc3"), reg(m, spv2, "spv3")
 
         # ---- stage 4: normalise ---------------------------------------------------------
-        n, st, efm = round_pack_stage1(m, s3, etop3, "rp")
+        n, st, efm = round_pack_stage1(m, s3, lim3, "rp", force=force3)
         v4 = reg(m, v3, "v4", reset_less=False)
         t4 = reg(m, t3, "t4")
         n4, st4 = reg(m, n, "n4"), reg(m, st, "st4")

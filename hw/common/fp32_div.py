@@ -23,7 +23,8 @@ Pipelines (same ports, same results bit for bit; LUT levels per stage measured a
 - "compact" (default; the engines' timing assumes its 10): 1 classify, normalise x and L
   (11 levels from the ports); 2..8 restoring recurrence, BITS_PER_STAGE = 4 bits a stage
   (12, 12, 19, 20, 20, 20, 17: about 5 levels a bit: compare, then select the remainder);
-  9 normalise (19); 10 round, pack, special select (3). Max 20.
+  9 normalise (18; 19 before the FMA's normaliser rebuild, which it shares); 10 round, pack,
+  special select (3). Max 20.
 - "deep" (registers ``d<k>_*``): d1 unpack x (4 from the ports); d2 special cases, tree
   leading-zero counts of x's mantissa and of L (6); d3 normalise both, d and -d, first
   partial remainder, exponent (5); d4..d12 non-restoring recurrence (``nonrestoring_step``:
@@ -133,7 +134,7 @@ class Fp32DivInt(wiring.Component):
         sign, etop_q, spc, spv = side
 
         # ---- normalise, then round and pack ---------------------------------------------
-        n, st, efm = round_pack_stage1(m, Cat(rem != 0, q), etop_q, "rp")
+        n, st, efm = round_pack_stage1(m, Cat(rem != 0, q), etop_q + 126, "rp")
         v = reg(m, v, "v_n", reset_less=False)
         t = reg(m, t, "t_n")
         n_r, st_r, efm_r = reg(m, n, "n_n"), reg(m, st, "st_n"), reg(m, efm, "efm_n")
