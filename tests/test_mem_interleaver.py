@@ -5,7 +5,8 @@ out of order across ARIDs, B in order (the masters use AWID 0), a read's data ta
 AR is accepted and a write applied only when its B is accepted (the latest AXI allows, so a
 missing read-after-write wait would show). Checks: each request gets exactly one response, on
 its own port with its own ctx; read data is the line's state after the last write accepted
-before the read (or newer), across ports in acceptance order; the media end up in the
+before the read (or newer), across ports in acceptance order (a request is accepted when it
+leaves its port's skid buffer, i.e. its channel grants it; in program order per port); the media end up in the
 reference state under the device's line-to-channel mapping (hw/mem/port.py); several
 requests enter per cycle; a read after a full-line write is forwarded from the channel's
 write buffer (no media read, answered before the write's B), one after a partial write
@@ -133,6 +134,7 @@ def run(seed, *, requests, always_ready=False, latency=(1, 12), read_ids=8, cycl
 
     async def bench(ctx):
         todo = [deque(enumerate(reqs)) for reqs in requests]
+        handed = [deque() for _ in requests]      # taken by the port, not yet granted
         offering = [False] * PORTS
         for now in range(cycles):
             for p, c in enumerate(dut.clients):
@@ -155,8 +157,14 @@ def run(seed, *, requests, always_ready=False, latency=(1, 12), read_ids=8, cycl
             channels_used = []
             for p, c in enumerate(dut.clients):
                 if offering[p] and ctx.get(c.req.ready):
-                    k, (w, line, data, strb, poison) = todo[p].popleft()
+                    handed[p].append(todo[p].popleft())
                     offering[p] = False
+                # granted by its channel: the request leaves the port's skid buffer (in the
+                # same cycle when the buffer was empty)
+                granted = dut.req_skids[p].o
+                if ctx.get(granted.valid) and ctx.get(granted.ready):
+                    k, (w, line, data, strb, poison) = handed[p].popleft()
+                    assert ctx.get(granted.payload.ctx) == k, f"port {p}: requests reordered"
                     channels_used.append(split_line_address(line, CHANNELS)[0])
                     v = state(line)
                     if w:
@@ -182,7 +190,7 @@ def run(seed, *, requests, always_ready=False, latency=(1, 12), read_ids=8, cycl
             for s in media:
                 s.sample(ctx, now)
             await ctx.tick()
-            if not any(todo) and not any(outstanding) and all(s.idle() for s in media):
+            if not any(todo) and not any(handed) and not any(outstanding) and all(s.idle() for s in media):
                 break
 
     sim = Simulator(dut)

@@ -9,18 +9,21 @@ Ports
 Mapping: channel = line % N, channel-local line = line // N (N a power of two; see
 ``split_line_address`` in port.py).
 
-Requests: each channel has a round-robin arbiter over the P ports whose head request targets
-it (combinational: a request is accepted in the cycle it is granted, and the channel's input
-FIFO adds 1 cycle). A port's head waits (and holds back the requests behind it) while its
-channel is busy or grants another port; the other ports keep flowing to other channels. So up
-to min(P, N) requests are accepted per cycle, one per channel; the media behind 4 channels
-deliver about 1.9 lines per cycle, which one port (1 line per cycle) cannot use.
+Requests: every port's ``req`` enters a SkidBuffer (hw/common/stream_util.py: 0 cycles, its
+``ready`` a flip-flop, so no ready chain runs from the channels back into the clients); each
+channel has a round-robin arbiter over the P ports whose head request targets it (a request
+leaves its port's skid buffer in the cycle it is granted, and the channel's input FIFO adds 1
+cycle). A port's head waits (and holds back the requests behind it) while its channel is busy
+or grants another port; the other ports keep flowing to other channels. So up to min(P, N)
+requests are granted per cycle, one per channel; the media behind 4 channels deliver about
+1.9 lines per cycle, which one port (1 line per cycle) cannot use.
 
 Responses: the port index rides above the client's bits in the ``ctx`` the channels carry
 and routes each response back to its port. Per port, read and write responses are each
-merged round-robin over the channels (combinational), so every port can receive one read and
-one write response per cycle; a response waits while its port is not ready. Responses return
-out of order across channels and lines.
+merged round-robin over the channels and leave through a RegisterSlice (1 cycle; valid and
+ready are flip-flops, so no chain runs from the AXI response channels into the clients), so
+every port can receive one read and one write response per cycle; a response waits while its
+port is not ready. Responses return out of order across channels and lines.
 
 Outstanding: N * read_ids reads and N * write_depth writes (256 and 128 by default), shared
 by all ports, enough to cover the PMEM read latency at one line per cycle per channel (see
@@ -28,17 +31,19 @@ README, "Performance").
 
 Ordering: the guarantees of hw/mem/port.py hold per channel, and a line lives on exactly one
 channel. Across ports, "accepted" means the order in which the channel's arbiter granted the
-requests; within a port, requests to one line reach their channel in program order.
+requests, which a client does not see (its handshake is with its port's skid buffer): a
+client that needs another port's write seen waits for that write's response. Within a port,
+requests to one line reach their channel in program order.
 """
 from amaranth import Module, Cat, Const
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..common.axi import Axi4Signature
-from ..common.stream_util import RoundRobinArbiter
+from ..common.stream_util import RegisterSlice, RoundRobinArbiter, SkidBuffer
 from .arbiter import client_port_signature
 from .axi_master import AxiChannelMaster, LINE_SIZE_LOG2
-from .port import mem_read_response_layout, mem_write_response_layout
+from .port import mem_read_response_layout, mem_request_layout, mem_write_response_layout
 
 
 class MemoryInterleaver(wiring.Component):
@@ -58,6 +63,9 @@ class MemoryInterleaver(wiring.Component):
                         read_ids=read_ids, write_depth=write_depth, id_bits=id_bits)
         self.axi_signature = Axi4Signature(
             addr_width=self.local_addr_bits + LINE_SIZE_LOG2, id_width=id_bits)
+        # Public for testbenches: a request is granted by its channel when it leaves
+        # ``req_skids[p].o`` (the acceptance order of hw/mem/port.py's guarantees).
+        self.req_skids = [SkidBuffer(mem_request_layout(addr_bits, ctx_bits)) for _ in range(ports)]
         super().__init__({
             "clients": In(client_port_signature(addr_bits, ctx_bits)).array(ports),
             **{f"pmem{c}": Out(self.axi_signature) for c in range(channels)},
@@ -82,7 +90,10 @@ class MemoryInterleaver(wiring.Component):
             wiring.connect(m, arb.o, mc.req)
             arbs.append(arb)
         for p, client in enumerate(self.clients):
-            req = client.req
+            skid = self.req_skids[p]
+            m.submodules[f"req_skid{p}"] = skid
+            wiring.connect(m, wiring.flipped(client.req), skid.i)
+            req = skid.o
             channel = req.payload.addr[:cb] if n > 1 else 0
             for c, arb in enumerate(arbs):
                 dst = arb.inputs[p]
@@ -106,7 +117,10 @@ class MemoryInterleaver(wiring.Component):
             for p, client in enumerate(self.clients):
                 merge = RoundRobinArbiter(layout, n)
                 m.submodules[f"{rsp_name}_arb{p}"] = merge
-                wiring.connect(m, merge.o, wiring.flipped(getattr(client, rsp_name)))
+                out = RegisterSlice(layout)
+                m.submodules[f"{rsp_name}_slice{p}"] = out
+                wiring.connect(m, merge.o, out.i)
+                wiring.connect(m, out.o, wiring.flipped(getattr(client, rsp_name)))
                 merges.append(merge)
             for c, mc in enumerate(masters):
                 src = getattr(mc, rsp_name)
