@@ -67,6 +67,7 @@ from ..common.cxl_cache import (D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData
                                 D2HReqOpcode as DReq, D2HRspOpcode as DRsp,
                                 H2DReqOpcode as Snp, H2DRspOpcode as HRsp, GOState, QID_BITS)
 from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS
+from ..common.onehot import one_hot_index, one_hot_select
 from ..common.stream_util import RoundRobinArbiter
 from ..common.ram import LvtRam
 from .cache_port import CacheRsp, CacheOp, cache_port_signature
@@ -464,19 +465,25 @@ class CxlCacheAgent(wiring.Component):
             c_rd_snp.addr.eq(s_slot),
         ]
         # An evicted line the host has not pulled yet is still ours to answer for.
+        # At most one tracker matches: an eviction is allocated only for a line in the cache,
+        # and while a line is cached no tracker holds its address (a fill's tracker is freed
+        # in the cycle its line enters the cache; line_busy keeps a second tracker off a
+        # tracked address; every other flow that finds the line cached takes it out). So the
+        # match is one-hot, selected by OR trees rather than a 64-deep priority chain.
         s_ev = Signal(nb or 1)
         s_ev_hit = Signal()
         s_wait = Signal()
-        for i in reversed(range(n)):
-            same = t_valid[i] & (t_addr[i] == snp.addr)
-            with m.If(same & t_evict[i] & (t_evstate[i] != Mesi.I)):
-                m.d.comb += [s_ev.eq(i), s_ev_hit.eq(1)]
+        ev_match = Signal(n)
+        m.d.comb += ev_match.eq(Cat(t_valid[i] & t_evict[i] & (t_evstate[i] != Mesi.I) & (t_addr[i] == snp.addr)
+                                    for i in range(n)))
+        m.d.comb += [s_ev.eq(one_hot_index(ev_match)), s_ev_hit.eq(ev_match.any())]
         # Wait for a fill whose GO has arrived (also in this very cycle: the GO comes first).
         go_now = r_ok & (r_is_go | r_drop) & t_fill[r_c] & (t_addr[r_c] == snp.addr)
         m.d.comb += s_wait.eq(go_now | Cat(t_valid[i] & t_fill[i] & t_got_go[i] & (t_addr[i] == snp.addr)
                                            for i in range(n)).any())
         s_ev_state = Signal(Mesi)
-        m.d.comb += [s_ev_state.eq(t_evstate[s_ev]), t_rd_snp.addr.eq(s_ev)]
+        m.d.comb += [s_ev_state.eq(one_hot_select(ev_match, [t_evstate[i] for i in range(n)])),
+                     t_rd_snp.addr.eq(s_ev)]
         held = Signal(Mesi)        # the state the snooped line is held in, wherever it is
         m.d.comb += held.eq(Mux(s_hit, s_state, Mux(s_ev_hit, s_ev_state, Mesi.I)))
 

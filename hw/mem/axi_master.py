@@ -36,6 +36,7 @@ from amaranth.lib import stream, wiring, fifo, memory
 from amaranth.lib.wiring import In, Out
 
 from ..common.axi import Axi4Signature, AXI_BURST_INCR, AXI_RESP_OKAY
+from ..common.onehot import one_hot_index
 from ..common.ram import BypassRam
 from .port import mem_request_layout, mem_read_response_layout, mem_write_response_layout
 
@@ -116,7 +117,7 @@ class AxiChannelMaster(wiring.Component):
         forwardable = Signal()                   # at most one bit of fwd_match is set
         fwd_index = Signal(range(wdepth))
         m.d.comb += [raw_hazard.eq(match.any()), forwardable.eq(fwd_match.any()),
-                     fwd_index.eq(_one_hot_index(fwd_match))]
+                     fwd_index.eq(one_hot_index(fwd_match))]
 
         # --- issue: AR for reads, AW+W for writes
         aw_done = Signal()
@@ -232,11 +233,3 @@ class AxiChannelMaster(wiring.Component):
 
 def _wrap_inc(value, depth):
     return Mux(value == depth - 1, 0, value + 1)
-
-
-def _one_hot_index(bits):
-    """The index of the set bit of a one-hot (or zero) vector: an OR of the indices."""
-    index = Const(0, range(len(bits)))
-    for i in range(1, len(bits)):
-        index = index | Mux(bits[i], i, 0)
-    return index
