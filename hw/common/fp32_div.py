@@ -4,7 +4,7 @@
 ``hw.common.fp32.Fp32Fma``:
 - Inputs: ``x`` (binary32 pattern), ``l`` (16-bit unsigned integer L), ``i_valid``, ``i_tag``.
 - Outputs: ``o_result``, ``o_valid``, ``o_tag``; an operand set presented in cycle n comes out
-  in cycle n + ``latency``: ``LATENCY`` (= 10 registers) for the default pipeline "compact",
+  in cycle n + ``latency``: ``LATENCY`` (= 12 registers) for the default pipeline "compact",
   ``DEEP_LATENCY`` (= 18) for "deep" (``LATENCIES``). ``rst`` clears the valid bits only.
 - Result: the IEEE-754 division x / fp32(L) (fp32(L) is exact for L < 2^24), round to nearest
   even, subnormals kept. With x = 1.0 it gives fp32(1/L). Bit-exact with numpy
@@ -13,18 +13,19 @@
   1..65535 contract, still IEEE): finite nonzero x -> +-Inf, +-0 -> NaN, Inf -> Inf.
 
 Datapath: x's mantissa is normalised to [2^23, 2^24), L to [2^15, 2^16) (``lzc``); a
-restoring digit recurrence produces q = floor(mx * 2^18 / mL) (27 bits, >= 2^25), four
+restoring digit recurrence produces q = floor(mx * 2^18 / mL) (27 bits, >= 2^25), BITS_PER_STAGE
 quotient bits per pipeline stage, and the remainder's nonzero-ness is the sticky bit. The
 exact quotient lies in (q, q+1) or equals q, so q plus sticky round exactly like the real
 quotient (``round_pack_stage1/2`` of ``hw.common.fp32``, which also handle subnormal results).
 
 Pipelines (same ports, same results bit for bit; LUT levels per stage measured as in
 ``hw.common.fp32``'s docstring, with ``Fp32DivInt`` and ``-top fp32_div_int``):
-- "compact" (default; the engines' timing assumes its 10): 1 classify, normalise x and L
-  (11 levels from the ports); 2..8 restoring recurrence, BITS_PER_STAGE = 4 bits a stage
-  (12, 12, 19, 20, 20, 20, 17: about 5 levels a bit: compare, then select the remainder);
-  9 normalise (18; 19 before the FMA's normaliser rebuild, which it shares); 10 round, pack,
-  special select (3). Max 20.
+- "compact" (default, 12 registers; the engines take the divider's results by ``o_valid``
+  and tag, so its latency is theirs to absorb): 1 classify, normalise x and L (12 levels from
+  the ports); 2..10 restoring recurrence, BITS_PER_STAGE = 3 bits a stage (9, 9, 9, then 14:
+  about 5 levels a bit: compare, then select the remainder); 11 normalise (12); 12 round,
+  pack, special select (3). Max 14. (Before issue 13's depth work: 4 bits a stage, 10
+  registers, max 20.)
 - "deep" (registers ``d<k>_*``): d1 unpack x (4 from the ports); d2 special cases, tree
   leading-zero counts of x's mantissa and of L (6); d3 normalise both, d and -d, first
   partial remainder, exponent (5); d4..d12 non-restoring recurrence (``nonrestoring_step``:
@@ -44,7 +45,7 @@ from hw.common.fp32 import (DEEP_ROUND_STAGES, INF, QNAN, UNPACK_FIELDS, Stages,
                              normalise_round_deep, reg, round_pack_stage1, round_pack_stage2, unpack)
 
 QBITS = 27          # quotient bits of the recurrence
-BITS_PER_STAGE = 4
+BITS_PER_STAGE = 3
 DEEP_BITS_PER_STAGE = 3
 
 
@@ -73,7 +74,7 @@ class Fp32DivInt(wiring.Component):
 
     Parameters: ``tag_width``; ``pipeline``, "compact" (default) or "deep".
     Attributes: ``pipeline``, ``latency``; class attributes ``LATENCY`` (the compact
-    pipeline's, 10), ``DEEP_LATENCY``, ``LATENCIES``."""
+    pipeline's, 12), ``DEEP_LATENCY``, ``LATENCIES``."""
     LATENCY = 1 + (QBITS + BITS_PER_STAGE - 1) // BITS_PER_STAGE + 2     # the default (compact) pipeline
     DEEP_LATENCY = 3 + (QBITS + DEEP_BITS_PER_STAGE - 1) // DEEP_BITS_PER_STAGE + 1 + DEEP_ROUND_STAGES + 1
     LATENCIES = {"compact": LATENCY, "deep": DEEP_LATENCY}

@@ -5,7 +5,8 @@ that their order is the client's program order) and receives ``MemReadResponse``
 ``MemWriteResponse`` beats. ``ctx`` is opaque to the memory subsystem and comes back
 unchanged with the response, so a client needs no tracking table of its own.
 
-Guarantees of the memory subsystem (hw/mem/interleave.py):
+Guarantees of the memory subsystem (hw/mem/interleave.py; "accepted" = granted by the line's
+channel, which for one client port is its program order):
 - A read accepted after a write to the same line returns that write's data (or newer).
 - Writes to one line reach the media in acceptance order.
 - A write response means the line is in the persistence domain (the media's B response).

@@ -174,7 +174,7 @@ Two tables at a time (the apply pass)
 Pipeline, latency and throughput (one request per cycle and port at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
   non-empty bag into a 512-line ring, and 6 cycles per table pair to start it); 1/L through
-  Fp32DivInt (10 cycles, pipelined).
+  Fp32DivInt (12 cycles, pipelined).
 - Lookahead: a hit costs 1 cycle (row address, tag-set read and compare are pipelined), a
   miss into a free slot 1, a miss that evicts 2 (+1 per slot the CLOCK hand passes) while the
   miss queue has room; the port then spends dim/16 requests on the fill and as many on the
