@@ -68,11 +68,22 @@ def cache_port_signature() -> wiring.Signature:
     })
 
 
+# Cycles ``CachePortMux`` adds between a client and the agent: one register slice each way.
+PORT_MUX_LATENCY = 2
+
+
 class CachePortMux(wiring.Component):
     """Three clients share the agent's port, told apart by the id range they use:
     ``client`` (the test port, ids 0x00-0x3F), ``engines`` (the NDP engines, ids
     ENGINE_ID_BASE.. 0x7F) and ``bias`` (ids with BIAS_ENGINE_ID set). Requests are merged
-    round-robin (combinational); responses go back by the id's top two bits."""
+    round-robin, responses go back by the id's top two bits.
+
+    The merged request enters the agent through a register slice, and the agent's response
+    leaves through one (``PORT_MUX_LATENCY`` cycles in all, full rate): no valid or ready
+    runs combinationally between a client and the agent's front end or finisher. Without
+    them, an engine's request valid ran through two round-robin arbiters into the agent's
+    front end, and its ready came back to the engine's FIFO in the same cycle (the device's
+    35-LUT-level path; README, Logic depth)."""
 
     def __init__(self):
         super().__init__({
@@ -83,14 +94,18 @@ class CachePortMux(wiring.Component):
         })
 
     def elaborate(self, platform):
-        from ..common.stream_util import RoundRobinArbiter
+        from ..common.stream_util import RoundRobinArbiter, RegisterSlice
         m = Module()
         clients = (self.client, self.engines, self.bias)
         m.submodules.arb = arb = RoundRobinArbiter(CacheReq, len(clients))
         for i, c in enumerate(clients):
             wiring.connect(m, wiring.flipped(c.req), arb.inputs[i])
-        wiring.connect(m, arb.o, wiring.flipped(self.agent.req))
-        rsp = self.agent.rsp
+        m.submodules.req_slice = req_slice = RegisterSlice(CacheReq)
+        m.submodules.rsp_slice = rsp_slice = RegisterSlice(CacheRsp)
+        wiring.connect(m, arb.o, req_slice.i)
+        wiring.connect(m, req_slice.o, wiring.flipped(self.agent.req))
+        wiring.connect(m, wiring.flipped(self.agent.rsp), rsp_slice.i)
+        rsp = rsp_slice.o
         to_bias = (rsp.payload.id & BIAS_ENGINE_ID) != 0
         to_engines = ~to_bias & ((rsp.payload.id & ENGINE_ID_BASE) != 0)
         to_client = ~to_bias & ~to_engines

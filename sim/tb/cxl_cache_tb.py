@@ -15,7 +15,7 @@ from cocotb.triggers import Timer
 
 from hw.common.cxl_cache import (D2HReqOpcode as DReq, D2HRspOpcode as DRsp,
                                  H2DReqOpcode as Snp, H2DRspOpcode as HRsp, GOState)
-from hw.cxl_controller.cache_port import CacheOp
+from hw.cxl_controller.cache_port import CacheOp, PORT_MUX_LATENCY
 from hw.cxl_controller.cxl_cache import HIT_LATENCY
 from sim.bfm.cache_client import CacheClient
 from sim.bfm.cxl_cache_host import H2D_CODECS, D2H_CODECS
@@ -142,12 +142,13 @@ async def read_for_ownership_then_hits(dut):
     v = b.rng.getrandbits(512)
     req = await own(b, 0x1234, v)
     assert req["opcode"] == DReq.RD_OWN.value and req["addr"] == 0x1234
-    # Now E: reads and a write hit without any CXL.cache traffic, in HIT_LATENCY cycles.
+    # Now E: reads and a write hit without any CXL.cache traffic, in HIT_LATENCY cycles
+    # (the agent) plus PORT_MUX_LATENCY (the register slices between the test port and it).
     stamps = []
     b.client.on_response.append(lambda req, f, cycle: stamps.append(cycle - req.accepted))
     rid = b.client.request(CacheOp.READ_SHARED, 0x1234)
     assert (await b.answer(rid))["data"] == v
-    assert stamps == [HIT_LATENCY], f"hit answered after {stamps} cycles"
+    assert stamps == [HIT_LATENCY + PORT_MUX_LATENCY], f"hit answered after {stamps} cycles"
     w = b.rng.getrandbits(512)
     rid = b.client.request(CacheOp.WRITE, 0x1234, w)
     assert (await b.answer(rid))["error"] == 0
