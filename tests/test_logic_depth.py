@@ -45,11 +45,14 @@ def test_luts_count_muxf_reported_apart():
              "mx": _cell("MUXF7", {"I0": "input", "I1": "input", "S": "input", "O": "output"},
                          {"I0": [12], "I1": [13], "S": [10], "O": [14]}),
              **_lut("l3", [14], 15), **_ff("ff1", 15, 16), **_lut("short", [10], 17), **_ff("ff2", 17, 18)}
-    r = analyze(_netlist(cells, {"q0": [10], "q1": [16], "q2": [18], "d0": [20]}))
+    r = analyze(_netlist(cells, {"q0": [10], "q1": [16], "q2": [18], "d0": [20], "mux_out": [14],
+                                 "$abc$7$n12": [11]}))
     assert (r["logic_levels"], r["muxf"], r["carry"], r["loops"]) == (3, 1, 0, 0)
-    assert r["paths"][0] == {"levels": 3, "muxf": 1, "carry": 0, "dsp": 0, "from": "q0", "to": "q1"}
+    # via: the RTL-named nets on the path, start first; the synthesis-made $abc net is left out.
+    assert r["paths"][0] == {"levels": 3, "muxf": 1, "carry": 0, "dsp": 0, "from": "q0", "to": "q1",
+                             "via": ["q0", "mux_out"]}
     assert [p["to"] for p in r["paths"]] == ["q1", "q2", "q0"] and r["paths"][1]["levels"] == 1
-    assert "3 LUT levels" in format_paths(r)
+    assert "3 LUT levels" in format_paths(r) and "deepest via: q0 -> mux_out" in format_paths(r)
 
 
 def test_lutram_read_is_a_level_and_registered_dsp_a_boundary():

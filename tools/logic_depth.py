@@ -10,7 +10,9 @@ design after ``synth_xilinx`` (one module: flatten first, or name it) and return
 - ``paths``: the ``top_paths`` deepest paths with distinct endpoints, each ``{levels, muxf,
   carry, dsp, from, to}``; ``from`` / ``to`` name the register (its output net), memory, DSP
   or port at each end (``port:NAME`` for a module port: a path through a block's port
-  continues in the next block, so a block's own figure can understate the device's);
+  continues in the next block, so a block's own figure can understate the device's) and
+  ``via``: the named nets the path runs through, start to end (the RTL's own signal names;
+  synthesis-made nets left out), to tell which logic to pipeline;
 - ``by_group``: the deepest path ending in each first-level instance (``group_of``: after
   flattening the device, each top-level block), deepest first;
 - ``cells``: how many cells the graph held, ``loops``: combinational loops broken (0 expected).
@@ -177,6 +179,20 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5) -> dic
             b = best_in[b]
         return _label(b)
 
+    def via_of(b: int) -> list[str]:
+        """Named nets on the path that ends at ``b``, start first (consecutive bits of one
+        signal once)."""
+        out, seen = [], set()
+        while b is not None and b not in seen:
+            seen.add(b)
+            n = names.get(b)
+            if n is not None and _is_rtl_name(n):
+                base = re.sub(r"\[\d+\]$", "", n)
+                if not out or re.sub(r"\[\d+\]$", "", out[-1]) != base:
+                    out.append(n)
+            b = best_in.get(b) if b in edges else None
+        return out[::-1]
+
     def _label(b: int) -> str:
         n = names.get(b, f"net {b}")
         return f"port:{n}" if any(b in p["bits"] and p["direction"] == "input"
@@ -189,7 +205,8 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5) -> dic
         if end not in per_end or c > per_end[end][0]:
             per_end[end] = (c, b)
     ranked = sorted(per_end.items(), key=lambda kv: kv[1][0], reverse=True)
-    paths = [{"levels": c[0], "muxf": c[1], "carry": c[2], "dsp": c[3], "from": start_of(b), "to": end}
+    paths = [{"levels": c[0], "muxf": c[1], "carry": c[2], "dsp": c[3], "from": start_of(b), "to": end,
+              "via": via_of(b)}
              for end, (c, b) in ranked[:top_paths]]
     by_group: dict[str, dict] = {}
     for end, (c, b) in ranked:                     # deepest first: the first seen per group wins
@@ -200,6 +217,13 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5) -> dic
     return {"module": name, "logic_levels": deepest["levels"], "muxf": deepest["muxf"], "carry": deepest["carry"],
             "dsp": deepest["dsp"], "paths": paths, "by_group": by_group, "cells": len(cells), "loops": loops,
             "unknown_cells": unknown}
+
+
+def _is_rtl_name(name: str) -> bool:
+    """A net the RTL named (``\\$flatten\\update.\\s2_addr`` or ``s2_addr``), not one synthesis
+    made (``$abc$123$n45``, ``$auto$...``): its last hierarchy component has no ``$``."""
+    last = re.split(r"[.\\]", name.lstrip("\\"))[-1]
+    return bool(last) and "$" not in last
 
 
 def group_of(label: str) -> str:
@@ -237,4 +261,6 @@ def format_paths(r: dict) -> str:
     for p in r["paths"]:
         lines.append(f"  {p['levels']:>3} LUT  {p['from']}  ->  {p['to']}"
                      + (f"  (+{p['muxf']} MUXF, {p['carry']} CARRY)" if p["muxf"] or p["carry"] else ""))
+    if r["paths"] and r["paths"][0].get("via"):
+        lines.append("  deepest via: " + " -> ".join(r["paths"][0]["via"]))
     return "\n".join(lines)
