@@ -23,8 +23,9 @@ Structure
   request per line is in flight: reads are serialized per line, an evict is never
   repeated), and a fill waits while another fill holds its slot.
 - H2D responses and data update the trackers; pulls queue for the data sender; every
-  finished flow goes through one finisher that fills the cache (in the granted state;
-  GO-I/GO-Err lines are used once, not cached), answers the port and frees the CQID.
+  finished flow goes through one finisher (behind a register slice, one cycle) that fills
+  the cache (in the granted state; GO-I/GO-Err lines are used once, not cached), answers
+  the port and frees the CQID.
 - ACQUIRE (host -> device bias for a line of the device's own memory): RdOwnNoData,
   finished by the host's MemRdFwd on CXL.mem (``fwd``, Tag = CQID); a Fwd matching no live
   ACQUIRE is counted (``unexpected_fwd``) and dropped.
@@ -68,7 +69,7 @@ from ..common.cxl_cache import (D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData
                                 H2DReqOpcode as Snp, H2DRspOpcode as HRsp, GOState, QID_BITS)
 from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS
 from ..common.onehot import one_hot_index, one_hot_select
-from ..common.stream_util import RoundRobinArbiter
+from ..common.stream_util import RoundRobinArbiter, RegisterSlice
 from ..common.ram import LvtRam
 from .cache_port import CacheRsp, CacheOp, cache_port_signature
 from .cxl_mem import FWD
@@ -409,7 +410,15 @@ class CxlCacheAgent(wiring.Component):
         m.d.comb += [comp_pull.w_data.eq(p_c), comp_pull.w_en.eq(p_fire & p_complete)]
 
         # ------------------------------------------------------------ finisher
-        f_c = comp_arb.o.payload
+        # A register slice between the completion arbiter and the finisher: the finished
+        # CQID is a flip-flop, so the tracker reads, the cache write and the front end's
+        # block that follow it do not also carry the four FIFOs' round robin. A finished
+        # tracker stays valid one cycle longer, which only holds the front end and a
+        # snoop to its line back (they wait while a tracker holds the line).
+        m.submodules.fin_slice = fin_slice = RegisterSlice(nb or 1)
+        wiring.connect(m, comp_arb.o, fin_slice.i)
+        fin = fin_slice.o
+        f_c = fin.payload
         m.d.comb += [st_f.addr.eq(f_c), go_f.addr.eq(f_c), er_f.addr.eq(f_c), t_rd_fin.addr.eq(f_c)]
         f_static = static(st_f.data)
         f_flow = f_static.flow
@@ -434,10 +443,10 @@ class CxlCacheAgent(wiring.Component):
             fin_in.payload.error.eq(f_err | ((f_flow == Flow.RD_OWN_NO_DATA) & (f_granted == Mesi.I))),
             fin_in.payload.data.eq(Mux((f_flow == Flow.RD_SHARED) | (f_flow == Flow.RD_OWN) |
                                        (f_flow == Flow.RD_CURR), t_rd_fin.data, 0)),
-            fin_in.valid.eq(comp_arb.o.valid & f_answers),
-            comp_arb.o.ready.eq(~f_answers | fin_in.ready),
+            fin_in.valid.eq(fin.valid & f_answers),
+            fin.ready.eq(~f_answers | fin_in.ready),
         ]
-        f_fire = comp_arb.o.valid & comp_arb.o.ready
+        f_fire = fin.valid & fin.ready
         f_cache_write = Signal()
         m.d.comb += f_cache_write.eq(f_fire & f_fills)
         with m.If(f_fire):
