@@ -220,10 +220,10 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5) -> dic
 
 
 def _is_rtl_name(name: str) -> bool:
-    """A net the RTL named (``\\$flatten\\update.\\s2_addr`` or ``s2_addr``), not one synthesis
-    made (``$abc$123$n45``, ``$auto$...``): its last hierarchy component has no ``$``."""
-    last = re.split(r"[.\\]", name.lstrip("\\"))[-1]
-    return bool(last) and "$" not in last
+    """A net the RTL named (``tags_way5.r0_data[6]``, ``\\$flatten\\update.\\s2_addr``), not
+    one synthesis made (``$abc$123$n45``, or ``$techmap12$abc$7$lut.A[5]``: a cell's pin):
+    no ``$`` left once the flatten prefixes are taken out."""
+    return "$" not in name.replace("$flatten", "")
 
 
 def group_of(label: str) -> str:
