@@ -1561,6 +1561,12 @@ class UpdateEngine(wiring.Component):
         # the end of the batch. A row hit again is dirty again and is written back once more
         # later. A row cleaned while a queued miss already holds its eviction is written twice
         # with the same bytes: the miss's write-back starts after this one (wb_active).
+        # The cleaner does not look at this cycle's occurrence push (whose slot comes out of
+        # the tag compare; that kept a 25-LUT-level path from the tag ways to the scratchpad's
+        # read enable): a row cleaned in the cycle an occurrence pins it stays dirty (a push
+        # sets its dirty bit after the clean clears it) and is written back again once
+        # updated, and a victim cleaned in the cycle a new row takes its slot is written
+        # twice with the same bytes (the fill waits for every write-back, ``wb_issuing``).
         cp = Signal(SB)
         cp_rd = Signal(SB)                      # the address slot_cp.data belongs to
         clean_go = Signal()
@@ -1574,7 +1580,7 @@ class UpdateEngine(wiring.Component):
             cleanable.eq((cp_rd == cp) & (cp < fresh) & crec.valid & dirty.bit_select(cp, 1)
                          & (crec.last_use < completed) & ~crec.ref),
             clean_room.eq(look_run & val_ok & ~freeze & ~wb_active & ~(me_valid & me_wb)
-                          & (writes_out < self.CLEAN_WRITES) & ~(push & (push_slot == cp))),
+                          & (writes_out < self.CLEAN_WRITES)),
         ]
         with m.If(cleanable & clean_room):
             m.d.comb += [clean_go.eq(1), wb_go.eq(1), wb_base_in.eq(cp << slot_shift), wb_addr_in.eq(crec.addr),
