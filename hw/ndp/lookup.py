@@ -13,7 +13,8 @@ Ports
 
 Structure: a LookupFeeder (hw/ndp/lookup_feeder.py) validates the arrays and emits one work
 item per index occurrence, a whole bag to one of the units' two bag contexts; each unit
-(hw/ndp/lookup_unit.py) has an item FIFO of ``item_depth`` entries per context, its reorder
+(hw/ndp/lookup_unit.py) has an item FIFO of ``item_depth`` entries per context (and a skid
+buffer behind it, so the FIFO's read enable is a flip-flop), its reorder
 buffer, 16 FMA lanes and its output path. Bags are independent, so units finish them in any
 order; each pooled vector has its own address. ``done`` comes after the feeder is done and
 every unit is idle (all outputs durable in device memory or acknowledged by the host), so
@@ -36,7 +37,7 @@ from amaranth import Module, Signal, Mux
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..common.stream_util import RoundRobinArbiter
+from ..common.stream_util import RoundRobinArbiter, SkidBuffer
 from ..cxl_controller.cache_port import cache_port_signature, CacheReq
 from ..mem.arbiter import client_port_signature
 from ..mem.line_cache import LineCache
@@ -89,16 +90,21 @@ class LookupEngine(wiring.Component):
             for c in range(2):           # the unit's two bag contexts: feeder slot 2u + c
                 q = fifo.SyncFIFOBuffered(width=width, depth=self.item_depth)
                 m.submodules[f"items{u}_{c}"] = q
+                # A skid buffer between the FIFO and the unit: the FIFO's read enable is a
+                # flip-flop, not the end of the unit's issue logic (context choice, row
+                # end, reorder-buffer room, memory ready: 18 LUT levels into the FIFO's
+                # level). Full rate, no added latency.
+                m.submodules[f"items{u}_{c}_skid"] = skid = SkidBuffer(feeder.item_layout)
                 mine = feeder.items.payload.unit == 2 * u + c
                 m.d.comb += [
                     q.w_en.eq(feeder.items.valid & mine), q.w_data.eq(feeder.items.payload),
-                    unit.items[c].valid.eq(q.r_rdy), unit.items[c].payload.eq(q.r_data),
-                    q.r_en.eq(unit.items[c].ready),
+                    skid.i.valid.eq(q.r_rdy), skid.i.payload.eq(q.r_data), q.r_en.eq(skid.i.ready),
                     feeder.unit_room[2 * u + c].eq(q.level < self.item_depth // 2),
                 ]
+                wiring.connect(m, skid.o, unit.items[c])
                 with m.If(mine):
                     m.d.comb += items_ready.eq(q.w_rdy)
-                queues_empty.append(q.level == 0)
+                queues_empty.append((q.level == 0) & ~skid.o.valid)
             m.d.comb += [unit.out_to_host.eq(ctl.cmd.flags.out_to_host), unit.clear.eq(ctl.start)]
             if self._caches:             # the row cache: forgotten at every command (tables may have changed)
                 m.submodules[f"cache{u}"] = cache = self._caches[u]
