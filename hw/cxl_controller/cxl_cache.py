@@ -410,51 +410,65 @@ class CxlCacheAgent(wiring.Component):
         m.d.comb += [comp_pull.w_data.eq(p_c), comp_pull.w_en.eq(p_fire & p_complete)]
 
         # ------------------------------------------------------------ finisher
-        # A register slice between the completion arbiter and the finisher: the finished
-        # CQID is a flip-flop, so the tracker reads, the cache write and the front end's
-        # block that follow it do not also carry the four FIFOs' round robin. A finished
-        # tracker stays valid one cycle longer, which only holds the front end and a
-        # snoop to its line back (they wait while a tracker holds the line).
-        m.submodules.fin_slice = fin_slice = RegisterSlice(nb or 1)
-        wiring.connect(m, comp_arb.o, fin_slice.i)
-        fin = fin_slice.o
-        f_c = fin.payload
-        m.d.comb += [st_f.addr.eq(f_c), go_f.addr.eq(f_c), er_f.addr.eq(f_c), t_rd_fin.addr.eq(f_c)]
-        f_static = static(st_f.data)
-        f_flow = f_static.flow
-        f_addr = t_addr[f_c]
-        f_go = go_f.data
-        f_err = er_f.data
-        f_granted = Signal(Mesi)
-        with m.Switch(f_go):
+        # A register slice between the completion arbiter and the finisher carries the
+        # finished CQID and what the finisher decides from its tracker (read at the
+        # arbiter's output: a finished tracker's static part, GO and error no longer change),
+        # so the finisher's cache write and the front end's block start at flip-flops
+        # instead of behind the four FIFOs' round robin and three tracker reads. A finished
+        # tracker stays valid one cycle longer, which only holds the front end and a snoop
+        # to its line back (they wait while a tracker holds the line).
+        fin_rec = data.StructLayout({"cqid": nb or 1, "id": 8, "answers": 1, "fills": 1, "error": 1,
+                                     "with_data": 1, "state": Mesi})
+        a_c = comp_arb.o.payload
+        m.d.comb += [st_f.addr.eq(a_c), go_f.addr.eq(a_c), er_f.addr.eq(a_c)]
+        a_static = static(st_f.data)
+        a_flow = a_static.flow
+        a_err = er_f.data
+        a_granted = Signal(Mesi)
+        with m.Switch(go_f.data):
             with m.Case(GOState.S):
-                m.d.comb += f_granted.eq(Mesi.S)
+                m.d.comb += a_granted.eq(Mesi.S)
             with m.Case(GOState.E):
-                m.d.comb += f_granted.eq(Mesi.E)
+                m.d.comb += a_granted.eq(Mesi.E)
             with m.Case(GOState.M):
-                m.d.comb += f_granted.eq(Mesi.M)
-        f_fills = Signal()     # the line goes into the cache
-        with m.Switch(f_flow):
-            with m.Case(Flow.RD_SHARED, Flow.RD_OWN, Flow.RD_OWN_NO_DATA):
-                m.d.comb += f_fills.eq((f_granted != Mesi.I) & ~f_err)
-        f_answers = f_static.port
+                m.d.comb += a_granted.eq(Mesi.M)
+        a_rec = Signal(fin_rec)
+
+        def a_flow_in(*flows):
+            return a_flow.as_value().matches(*(f.value for f in flows))
         m.d.comb += [
-            fin_in.payload.id.eq(f_static.id),
-            fin_in.payload.error.eq(f_err | ((f_flow == Flow.RD_OWN_NO_DATA) & (f_granted == Mesi.I))),
-            fin_in.payload.data.eq(Mux((f_flow == Flow.RD_SHARED) | (f_flow == Flow.RD_OWN) |
-                                       (f_flow == Flow.RD_CURR), t_rd_fin.data, 0)),
-            fin_in.valid.eq(fin.valid & f_answers),
-            fin.ready.eq(~f_answers | fin_in.ready),
+            a_rec.cqid.eq(a_c), a_rec.id.eq(a_static.id), a_rec.answers.eq(a_static.port),
+            # The line goes into the cache (RdOwnNoData's line becomes M: the device writes it).
+            a_rec.fills.eq(a_flow_in(Flow.RD_SHARED, Flow.RD_OWN, Flow.RD_OWN_NO_DATA)
+                           & (a_granted != Mesi.I) & ~a_err),
+            a_rec.state.eq(Mux(a_flow == Flow.RD_OWN_NO_DATA, Mesi.M, a_granted)),
+            a_rec.error.eq(a_err | ((a_flow == Flow.RD_OWN_NO_DATA) & (a_granted == Mesi.I))),
+            a_rec.with_data.eq(a_flow_in(Flow.RD_SHARED, Flow.RD_OWN, Flow.RD_CURR)),
+        ]
+        m.submodules.fin_slice = fin_slice = RegisterSlice(fin_rec)
+        m.d.comb += [fin_slice.i.valid.eq(comp_arb.o.valid), fin_slice.i.payload.eq(a_rec),
+                     comp_arb.o.ready.eq(fin_slice.i.ready)]
+        fin = fin_slice.o
+        f = fin.payload
+        f_c = f.cqid
+        m.d.comb += t_rd_fin.addr.eq(f_c)
+        f_addr = t_addr[f_c]
+        m.d.comb += [
+            fin_in.payload.id.eq(f.id),
+            fin_in.payload.error.eq(f.error),
+            fin_in.payload.data.eq(Mux(f.with_data, t_rd_fin.data, 0)),
+            fin_in.valid.eq(fin.valid & f.answers),
+            fin.ready.eq(~f.answers | fin_in.ready),
         ]
         f_fire = fin.valid & fin.ready
         f_cache_write = Signal()
-        m.d.comb += f_cache_write.eq(f_fire & f_fills)
+        m.d.comb += f_cache_write.eq(f_fire & f.fills)
         with m.If(f_fire):
             m.d.sync += t_valid[f_c].eq(0)
         m.d.comb += [c_tag_wr.addr.eq(slot_of(f_addr)), c_tag_wr.data.eq(tag_of(f_addr)),
                      c_tag_wr.en.eq(f_cache_write)]
         with m.If(f_cache_write):
-            m.d.sync += c_state[slot_of(f_addr)].eq(Mux(f_flow == Flow.RD_OWN_NO_DATA, Mesi.M, f_granted))
+            m.d.sync += c_state[slot_of(f_addr)].eq(f.state)
 
         # Free list: reset fill, then CQIDs as the finisher frees them.
         with m.If(initializing):
@@ -541,8 +555,6 @@ class CxlCacheAgent(wiring.Component):
             s_fwd_word.data.eq(Mux(s_hit, c_rd_snp.data, t_rd_snp.data)),
             fwd_q.w_data.eq(s_fwd_word), fwd_q.w_en.eq(s_go & s_fwd),
         ]
-        s_mutates = Signal()
-        m.d.comb += s_mutates.eq(s_go & s_hit & (s_next != s_state))
         with m.If(s_go):
             m.d.comb += [ev.snoop.eq(1), ev.snoop_hit.eq((held != Mesi.I) & ~s_rsvd),
                          ev.snoop_rsvd.eq(s_rsvd)]
@@ -568,8 +580,11 @@ class CxlCacheAgent(wiring.Component):
             slot_busy.eq(Cat(t_valid[i] & t_fill[i] & (slot_of(t_addr[i]) == fe_slot)
                              for i in range(n)).any()),
         ]
-        # One writer of a cache slot per cycle: the finisher and a mutating snoop go first.
-        fe_blocked = line_busy | f_cache_write | (s_mutates & (s_slot == fe_slot))
+        # One writer of a cache slot per cycle: the finisher and a snoop go first. The front
+        # end waits while any snoop to its slot is offered, not only one that changes the
+        # line's state in this cycle: whether it does comes out of the snoop's tag compare
+        # and tracker search, too deep to stand in front of the front end's own decision.
+        fe_blocked = line_busy | f_cache_write | (self.h2d_req.valid & (s_slot == fe_slot))
         cqid = free.r_data
         cqid_ok = free.r_rdy & ~initializing
 
