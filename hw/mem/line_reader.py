@@ -14,14 +14,21 @@ Ports
 Behaviour: up to ``depth`` reads are outstanding (one issued per cycle); responses may come
 back in any order and a ``depth``-line reorder buffer puts them back in order. A slot is
 reused only after its line was delivered, so with ``depth`` larger than the read latency
-the stream delivers one line per cycle. The caller checks that every line lies inside
+the stream delivers one line per cycle. Lines leave through a register slice (one cycle,
+full rate): ``lines.valid``, ``lines.payload`` and the reader's reaction to ``lines.ready``
+start and end at flip-flops, so a consumer's logic does not add to the reorder buffer's
+(the recovery engine's 16-LUT-level path ran from ``head`` through it). ``abort`` empties
+the slice too. The caller checks that every line lies inside
 device memory. Like hw/ndp/element_reader.py, but whole lines and no element unpacking.
 """
 from amaranth import Module, Signal, Const
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from amaranth.hdl import ResetInserter
+
 from ..common.cxl_mem import LINE_BITS
+from ..common.stream_util import RegisterSlice
 from .arbiter import client_port_signature
 
 
@@ -80,7 +87,9 @@ class LineReader(wiring.Component):
             rd.addr.eq(head),
         ]
 
-        out = self.lines
+        m.submodules.out_slice = out_slice = ResetInserter(self.abort)(RegisterSlice(LineBeat))
+        wiring.connect(m, out_slice.o, wiring.flipped(self.lines))
+        out = out_slice.i
         deliver = Signal()
         m.d.comb += [
             out.valid.eq(filled.bit_select(head, 1) & (to_deliver != 0) & ~draining),
@@ -108,5 +117,6 @@ class LineReader(wiring.Component):
         with m.If(draining & (inflight == 0)):
             # Everything that was issued came back: forget the buffer.
             m.d.sync += [draining.eq(0), head.eq(0), tail.eq(0), used.eq(0), filled.eq(0)]
-        m.d.comb += self.busy.eq(draining | (to_issue != 0) | (to_deliver != 0) | (inflight != 0))
+        m.d.comb += self.busy.eq(draining | (to_issue != 0) | (to_deliver != 0) | (inflight != 0)
+                                 | self.lines.valid)
         return m
