@@ -539,7 +539,8 @@ def test_line_reader_order_and_errors():
         if abort_after is None:
             assert lines == [(mem[base + i], int(base + i in err)) for i in range(count)]
         else:
-            assert lines == [(mem[base + i], 0) for i in range(len(lines))]
+            # (the error line may fall inside the aborted run too: seed 706053354 put it there)
+            assert lines == [(mem[base + i], int(base + i in err)) for i in range(len(lines))]
             assert abort_after <= len(lines) <= abort_after + 1
 
 
