@@ -15,13 +15,20 @@ Behaviour: element i lives in line ``base + i // 16``, bits ``32 * (i % 16)``. T
 prefetches up to ``depth`` lines ahead (one read issued per cycle), so with a depth larger
 than the media latency times the consumption rate in lines, the stream delivers one element
 per cycle. Responses may return out of order; the buffer puts them back in order.
+Elements leave through a register slice (one cycle, full rate; ``abort`` empties it), so
+``elems.valid`` / ``payload`` and the reader's reaction to ``elems.ready`` start and end at
+flip-flops: a consumer's logic does not add to the buffer's head and word logic (the undo
+log's 15-LUT-level path ran from ``offsets.head`` through its consumer into the indices
+reader).
 The caller checks that every line read lies inside device memory.
 """
 from amaranth import Module, Signal, Const, Mux
+from amaranth.hdl import ResetInserter
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..common.cxl_mem import LINE_BITS
+from ..common.stream_util import RegisterSlice
 from ..mem.arbiter import client_port_signature
 
 WORDS_PER_LINE = LINE_BITS // 32
@@ -83,7 +90,9 @@ class ElementReader(wiring.Component):
 
         # Delivery: the head line's current word.
         release = Signal()
-        out = self.elems
+        m.submodules.out_slice = out_slice = ResetInserter(self.abort)(RegisterSlice(32))
+        wiring.connect(m, out_slice.o, wiring.flipped(self.elems))
+        out = out_slice.i
         m.d.comb += [
             out.valid.eq(ready.bit_select(head, 1) & (elems_left != 0) & ~draining),
             out.payload.eq(rd.data.word_select(word, 32)),
@@ -119,5 +128,6 @@ class ElementReader(wiring.Component):
         with m.If(draining & (inflight == 0)):
             # Everything that was issued came back: forget the buffer.
             m.d.sync += [draining.eq(0), head.eq(0), tail.eq(0), used.eq(0), ready.eq(0)]
-        m.d.comb += self.busy.eq(draining | (lines_left != 0) | (elems_left != 0) | (inflight != 0))
+        m.d.comb += self.busy.eq(draining | (lines_left != 0) | (elems_left != 0) | (inflight != 0)
+                                 | self.elems.valid)
         return m
