@@ -322,9 +322,16 @@ def device_modules(tmp_path_factory):
     return design_modules(generate_design(tmp_path_factory.mktemp("device")).read_text())
 
 
-def test_device_block_on_xcup(device_modules, tmp_path):
-    r = synthesize_blocks(device_modules, [CI_BLOCK], "xcup", tmp_path, block_timeout=300, timeout=400,
+@pytest.fixture(scope="module")
+def ci_block(device_modules, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ci_block")
+    r = synthesize_blocks(device_modules, [CI_BLOCK], "xcup", folder, block_timeout=300, timeout=400,
                           say=lambda *a, **kw: None)
+    return r, folder
+
+
+def test_device_block_on_xcup(ci_block):
+    r, tmp_path = ci_block
     b = r["blocks"][CI_BLOCK]
     assert r["ok"] and b["ok"], b["error"]
     assert r["target"] == "xcup" and r["share"] == "fast"
@@ -338,6 +345,26 @@ def test_device_block_on_xcup(device_modules, tmp_path):
     too_big = {m: bits for m, bits in b["ff_memory_bits"].items() if bits > FF_LIMIT_BITS}
     assert not too_big, f"memories of {CI_BLOCK} in flip-flops above {FF_LIMIT_BITS} bits: {too_big}"
     assert not (tmp_path / f"{CI_BLOCK}.net.json").exists()   # the netlist is analysed, then dropped
+
+
+def test_device_block_premap_estimate(ci_block, device_modules, tmp_path):
+    """``--premap``: the same block stopped before ABC9. tools/cut_depth.py's depth-oriented
+    estimate is at most a level above ABC9's mapped depth (ABC9 may restructure below it, and
+    it relaxes paths off its delay-critical one for area, so it is often deeper: cxl_mem 5
+    against 7), and its paths must name RTL nets (what it is for)."""
+    mapped = ci_block[0]["blocks"][CI_BLOCK]
+    r = synthesize_blocks(device_modules, [CI_BLOCK], "xcup", tmp_path, block_timeout=300, timeout=400,
+                          say=lambda *a, **kw: None, before_luts=True)
+    b = r["blocks"][CI_BLOCK]
+    assert r["ok"] and r["premap"] and b["ok"], b["error"]
+    assert b["logic_levels"] is None and b["lut"] is None and b["ff"] == mapped["ff"]
+    assert 1 <= b["estimated_levels"] <= mapped["logic_levels"] + 1, (b["estimated_levels"], mapped["logic_levels"])
+    assert r["sum_of_completed_blocks"]["estimated_levels"] == b["estimated_levels"]
+    deepest = b["depth"]["paths"][0]
+    assert deepest["levels"] == b["estimated_levels"] and b["depth"]["gates"] > 0 and b["depth"]["loops"] == 0
+    assert deepest["via"] and all("$" not in n.replace("$flatten", "") for n in deepest["via"]), deepest
+    table = format_blocks(r)
+    assert f"~{b['estimated_levels']}" in table and " via " in table
 
 
 @pytest.mark.parametrize("top", ["trainingcxl_device.update.div", "trainingcxl_device.lookup.unit0.div"])

@@ -139,15 +139,22 @@ class MemoryLog:
         return False
 
 
-def synth_commands(target: str, top: str, share: str = "fast", flatten: bool = True) -> list[str]:
+def synth_commands(target: str, top: str, share: str = "fast", flatten: bool = True,
+                   before_luts: bool = False) -> list[str]:
     """The Yosys commands that synthesize ``top`` for ``target``: synth_xilinx in one piece
-    (``share`` "full"), or split around its coarse step to run ``share -fast``."""
+    (``share`` "full"), or split around its coarse step to run ``share -fast``. ``before_luts``
+    stops before ``map_luts`` (ABC9): the gates are left unmapped, with the RTL's net names,
+    for ``tools/cut_depth.py``."""
     base = (f"synth_xilinx -family {target} -top {top}{' -flatten' if flatten else ''} -noiopad -noclkbuf"
             f"{TARGETS[target]}")
+    end = "map_luts" if before_luts else ""
+    # Stopped early, the cell library's whitebox models (FDCE ...) still hold processes, which
+    # write_json refuses; their ports are all the netlist needs.
+    tail = ["blackbox =A:whitebox"] if before_luts else []
     if share == "full":
-        return [ABC9_NO_VERIFY, base]
+        return [ABC9_NO_VERIFY, f"{base} -run :{end}" if end else base, *tail]
     return [ABC9_NO_VERIFY, f"{base} -run :coarse", *(c.format(opt=" -fast") for c in COARSE),
-            f"{base} -run map_memory:"]
+            f"{base} -run map_memory:{end}", *tail]
 
 
 # ABC9 ends its mapping script with ``&verify``, ABC checking its own mapping against its
@@ -182,18 +189,23 @@ def yosys_script(design: pathlib.Path, top: str, target: str, stats: pathlib.Pat
                       f"tee -q -o {stats.name} {stat}", *out, ""])
 
 
-def depth_of(netlist: pathlib.Path, keep: bool = False) -> dict:
+def depth_of(netlist: pathlib.Path, keep: bool = False, estimate: bool = False) -> dict:
     """``logic_levels`` and ``depth`` (tools/logic_depth.py: MUXF/CARRY on the deepest path, the
     5 deepest endpoints, the deepest path per first-level instance) of a mapped JSON netlist,
-    which is deleted afterwards unless ``keep`` (it can be hundreds of MB)."""
-    from tools.logic_depth import NetlistError, analyze_file
+    which is deleted afterwards unless ``keep`` (it can be hundreds of MB). ``estimate``: the
+    netlist stopped before ``map_luts`` (``--premap``); ``estimated_levels`` and ``depth`` come from
+    tools/cut_depth.py and ``logic_levels`` is None (no LUTs were mapped)."""
+    from tools import cut_depth, logic_depth
     try:
-        d = analyze_file(netlist, top_paths=5)
-    except (NetlistError, KeyError, TypeError, ValueError) as e:    # a depth failure must not sink the run
+        d = (cut_depth if estimate else logic_depth).analyze_file(netlist, top_paths=10 if estimate else 5)
+    except (logic_depth.NetlistError, KeyError, TypeError, ValueError) as e:    # must not sink the run
         return {"logic_levels": None, "depth": {"error": f"{type(e).__name__}: {e}"}}
     finally:
         if not keep:
             netlist.unlink(missing_ok=True)
+    if estimate:
+        return {"logic_levels": None, "estimated_levels": d["logic_levels"],
+                "depth": {k: d[k] for k in ("estimate", "paths", "by_group", "loops", "unknown_cells", "gates")}}
     return {"logic_levels": d["logic_levels"],
             "depth": {k: d[k] for k in ("muxf", "carry", "dsp", "paths", "by_group", "loops", "unknown_cells")}}
 
@@ -439,14 +451,16 @@ def parse_blocks(request: str, available: list[str]) -> list[str]:
     return names
 
 
-def blocks_script(design_name: str, blocks: list[str], target: str, share: str = "fast", flatten: bool = True) -> str:
+def blocks_script(design_name: str, blocks: list[str], target: str, share: str = "fast", flatten: bool = True,
+                  before_luts: bool = False) -> str:
     lines = [read_command(design_name), "design -save read"]
     for b in blocks:
         top = f"{DEFAULT_TOP}.{b}"
         stat = [f"tee -q -o {b}.stats.json stat -json"] if flatten else \
             [f"tee -q -o {b}.stats.json stat -top {top} -json", "flatten"]
-        lines += [f"log BLOCK-BEGIN {b}", "design -load read", *synth_commands(target, top, share, flatten),
-                  *stat, f"write_json {b}.net.json", f"log BLOCK-END {b}"]
+        lines += [f"log BLOCK-BEGIN {b}", "design -load read",
+                  *synth_commands(target, top, share, flatten, before_luts), *stat,
+                  f"write_json {b}.net.json", f"log BLOCK-END {b}"]
     return "\n".join(lines + [""])
 
 
@@ -461,7 +475,7 @@ def _slowest(passes: dict, n: int) -> dict:
 
 
 def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str], results: dict,
-                       block_timeout: float, timeout: float | None, say) -> dict:
+                       block_timeout: float, timeout: float | None, say, estimate: bool = False) -> dict:
     """One Yosys process over ``blocks`` (in order), filling ``results[block]``. Returns
     ``remaining`` (the blocks a new process must run), ``stop`` (the whole-run --timeout hit),
     ``warnings``, ``seconds``, ``version``."""
@@ -495,11 +509,13 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
                         counts = summarize(json.loads((script.parent / f"{blk}.stats.json").read_text()))
                         version = counts.pop("yosys_version") or version
                         r.update(counts, ok=True)
-                        r.update(depth_of(script.parent / f"{blk}.net.json"))
+                        r.update(depth_of(script.parent / f"{blk}.net.json", estimate=estimate))
+                        if estimate:                # stopped before map_luts: no LUTs yet
+                            r["lut"] = None
                     except (OSError, ValueError) as e:
                         r["error"] = f"no usable stat -json: {e}"
                     say(f"  [{now - t0:7.1f}s] {blk}: done in {r['seconds']} s, {r['lut']} LUT, {r['ff']} FF, "
-                        f"{r['logic_levels']} LUT levels", flush=True)
+                        f"{_levels(r)} LUT levels", flush=True)
                     done.append(blk)
                     cur = None
             elif m := PASS_LINE.match(text):
@@ -542,10 +558,11 @@ def _run_block_process(script: pathlib.Path, log: pathlib.Path, blocks: list[str
 
 def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, folder: pathlib.Path,
                       block_timeout: float, timeout: float | None = None, say=progress, share: str = "fast",
-                      flatten: bool = True) -> dict:
+                      flatten: bool = True, before_luts: bool = False) -> dict:
     """Synthesize each block alone (see the module docstring): one Yosys process reads the
     modules of the blocks once; a block that times out or fails costs a new process for the rest.
-    ``modules`` are RTLIL or Verilog texts (``design_suffix``). Returns the per-block JSON without
+    ``modules`` are RTLIL or Verilog texts (``design_suffix``). ``before_luts``: stop before
+    ``map_luts`` and estimate the depth (``--premap``). Returns the per-block JSON without
     ``device_config`` / ``wall_seconds``."""
     suffix = design_suffix(next(iter(modules.values()), ""))
     folder.mkdir(parents=True, exist_ok=True)
@@ -566,15 +583,16 @@ def synthesize_blocks(modules: dict[str, str], blocks: list[str], target: str, f
         design.write_text("".join(chosen.values()))
         for b in remaining:
             (folder / f"{b}.stats.json").unlink(missing_ok=True)
-        script.write_text(blocks_script(design.name, remaining, target, share, flatten))
+        script.write_text(blocks_script(design.name, remaining, target, share, flatten, before_luts))
         say(f"yosys -s {script} ({len(remaining)} blocks: {', '.join(remaining)}; log: {log})", flush=True)
-        run = _run_block_process(script, log, remaining, results, block_timeout, left, say)
+        run = _run_block_process(script, log, remaining, results, block_timeout, left, say, before_luts)
         warnings += run["warnings"]
         version = run["version"] or version
         yosys_seconds += run["seconds"]
         remaining = run["remaining"]
     out = merge_blocks(results)
-    out.update(mode="blocks", target=target, top=DEFAULT_TOP, share=share, flatten=flatten, block_timeout=block_timeout,
+    out.update(mode="blocks", premap=before_luts, target=target,
+               top=DEFAULT_TOP, share=share, flatten=flatten, block_timeout=block_timeout,
                yosys_version=version,
                warnings=warnings, yosys_processes=runs, yosys_seconds=round(yosys_seconds, 1),
                peak_rss_mb=round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024))
@@ -585,9 +603,10 @@ def merge_blocks(results: dict) -> dict:
     """``blocks``, ``sum_of_completed_blocks``, ``incomplete_blocks``, ``memory_mapping``, ``ok``,
     ``error`` from the per-block results (in run order)."""
     done = [r for r in results.values() if r["ok"]]
-    total = {k: sum(r[k] for r in done) for k in COUNT_KEYS}
+    total = {k: None if any(r[k] is None for r in done) else sum(r[k] for r in done) for k in COUNT_KEYS}
     total["blocks"] = len(done)
-    total["logic_levels"] = max((r["logic_levels"] for r in done if r.get("logic_levels") is not None), default=None)
+    for key in ("logic_levels", "estimated_levels"):
+        total[key] = max((r[key] for r in done if r.get(key) is not None), default=None)
     incomplete = [b for b, r in results.items() if not r["ok"]]
     mapping = {f"{b}.{mem.removeprefix(f'{DEFAULT_TOP}.{b}.')}": how
                for b, r in results.items() for mem, how in r["memory_mapping"].items()}
@@ -609,6 +628,7 @@ def format_blocks(r: dict) -> str:
 
     def row(name, c, seconds, status):
         cols = ["-" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in (c.get(k) for k in keys)]
+        cols[-1] = _levels(c)
         return (f"{name:<14}{cols[0]:>9}{cols[1]:>9}{cols[2]:>10}{cols[3]:>6}{cols[4]:>6}{cols[5]:>8}{cols[6]:>8}"
                 f"{'-' if seconds is None else seconds:>9}  {status}")
 
@@ -621,11 +641,21 @@ def format_blocks(r: dict) -> str:
     lines.append(row(f"sum ({s['blocks']} ok)", s, None, f"incomplete: {', '.join(r['incomplete_blocks']) or 'none'}"))
     lines.append(f"yosys: {r.get('yosys_version')}, {r.get('yosys_processes')} process(es), "
                  f"peak {r.get('peak_rss_mb')} MB, wall {r.get('wall_seconds')} s")
-    lines.append("deepest paths (LUT levels, from -> to):")
+    lines.append("deepest paths (LUT levels, from -> to)" + (", estimated before ABC9 (~), with the RTL nets "
+                                                           "on each path" if r.get("premap") else "") + ":")
     for name, b in r["blocks"].items():
         for p in b.get("depth", {}).get("paths", [])[:3]:
             lines.append(f"  {name:<13}{p['levels']:>3}  {p['from']}  ->  {p['to']}")
+            if r.get("premap") and p.get("via"):
+                lines.append(f"  {'':<16} via {' -> '.join(p['via'])}")
     return "\n".join(lines)
+
+
+def _levels(r: dict) -> str:
+    """The depth column: measured (``logic_levels``) or, with ``--premap``, ``~`` and the estimate."""
+    if r.get("logic_levels") is not None:
+        return str(r["logic_levels"])
+    return "-" if r.get("estimated_levels") is None else f"~{r['estimated_levels']}"
 
 
 def main_blocks(args, t0: float) -> int:
@@ -642,7 +672,8 @@ def main_blocks(args, t0: float) -> int:
     size = {b: sum(len(t) for n, t in modules.items() if block_of(n) == b) for b in blocks}
     blocks.sort(key=lambda b: size[b])         # the small ones first: a runaway cannot hold them up
     result = synthesize_blocks(modules, blocks, args.target, keep / "blocks", args.block_timeout, args.timeout,
-                               share=args.share, flatten=not args.hierarchical)
+                               share=args.share, flatten=not args.hierarchical,
+                               before_luts=getattr(args, "premap", False))
     result["device_config"] = dataclasses.asdict(DeviceConfig())
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     print(format_blocks(result))
@@ -660,6 +691,8 @@ def _check_request(args) -> None:
         raise SynthError(f"--top must be {DEFAULT_TOP} or one of its blocks ({DEFAULT_TOP}.NAME), got {args.top!r}")
     if args.block_timeout <= 0:
         raise SynthError("--block-timeout must be a positive number of seconds")
+    if getattr(args, "premap", False) and args.blocks is None:
+        raise SynthError("--premap works per block: add --blocks NAME[,NAME...]")
     if args.blocks is not None and args.top != DEFAULT_TOP:
         raise SynthError("--blocks and --top exclude each other (--blocks NAME synthesizes one block)")
 
@@ -721,5 +754,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--hierarchical", action="store_true",
                    help="no -flatten (the device or each block): identical modules folded, each distinct one "
                    "mapped once, counts summed by stat -top; the mapped netlist is flattened for the depth")
+    p.add_argument("--premap", action="store_true",
+                   help="with --blocks: stop before ABC9's LUT mapping and estimate each block's depth there "
+                   "(tools/cut_depth.py), naming the RTL nets on its deepest paths; minutes faster, no LUT count")
     p.set_defaults(func=main)
     return p
