@@ -123,9 +123,10 @@ Scratchpad (a write-back cache of rows)
   cached, clean: its eviction needs no write-back, and the end of the batch has fewer rows to
   write. So the write media work while the datapath is busy with hot rows (no misses), where
   they were idle. A dirty bit per slot (a scratch_lines register) is set by every occurrence
-  pushed for the slot (a hit or an insert) and cleared when the cleaner starts (never in the
-  cycle of a push for that slot), so a row hit after its write-back started is dirty again
-  and written again later (rm4 b512: 13 of 7,021 rows). Only unpinned rows are cleaned: a
+  pushed for the slot (a hit or an insert) and cleared when the cleaner starts (a push in
+  that cycle keeps it set; a push between the cleaner's choice and its start cancels the
+  choice), so a row hit after its write-back started is dirty again and written again later
+  (rm4 b512: 13 of 7,021 rows). Only unpinned rows are cleaned: a
   pinned row's pending updates would land after its dirty bit was cleared (a mutant that
   cleans pinned rows fails 8 of the testbench's 8 default-build tests). rm4 b512 in the
   engine's testbench ("channels" model): 54,432 -> 51,083 cycles; rm1 b64 unchanged
@@ -138,10 +139,10 @@ Scratchpad (a write-back cache of rows)
   decided, through the way's only write port; no insert happens in that cycle (an evicting
   insert moves the manager to DROP for it; FL_CHK inserts nothing), and S2 re-reads its set
   then, so lookups never see the stale entry. The arrival bits of the scratchpad (a
-  scratch_lines register: set by fill responses, a whole slot cleared when a row is inserted,
-  before its occurrence is queued) and of the gradient ring (1 x 512, set by responses and
-  cleared by issues, two write ports) are read by the FMA window's entries (and the MUL
-  front): flip-flops, below the audit's 4-kbit limit (tools/mem_audit.py); so are the
+  scratch_lines register: set by fill responses, a whole slot cleared the cycle after a row
+  is inserted, before its occurrence can leave the occurrence queue) and of the gradient
+  ring (1 x 512, set by responses and cleared by issues, two write ports) are read by the
+  FMA window's entries (and the MUL front): flip-flops, below the audit's 4-kbit limit (tools/mem_audit.py); so are the
   cleaner's dirty bits (a scratch_lines register). The slot memory has a second read port,
   the cleaner's (a replica block RAM, transparent for the one write port).
 
@@ -686,8 +687,8 @@ class UpdateEngine(wiring.Component):
             banks.append({"fill": fill_p, "upd": upd_p, "rd": bank.read_port(transparent_for=(upd_p,)),
                           "wb": bank.read_port()})
         # Arrival bits of the scratchpad lines (flip-flops): set by a fill's response, cleared
-        # for a whole slot when a row is inserted (before its occurrence is queued; its fill
-        # may wait in the miss queue), all of them at INIT.
+        # for a whole slot the cycle after a row is inserted (before its occurrence leaves the
+        # occurrence queue; its fill may wait in the miss queue), all of them at INIT.
         arrived = Signal(SL)
         arr_clr_mask = Signal(SL)
         arr_set_mask = Signal(SL)
@@ -1395,6 +1396,17 @@ class UpdateEngine(wiring.Component):
         ins_base = Signal(SB)                   # the first line of the slot an insert takes
         m.d.comb += slot_line_mask.eq(Mux(slot_shift == 0, 0x1, Mux(slot_shift == 1, 0x3, Mux(
             slot_shift == 2, 0xF, Mux(slot_shift == 3, 0xFF, 0xFFFF)))))
+        # The inserted slot's arrival bits are cleared one cycle after the insert: the slot comes
+        # out of S2's tag compare, and shifting its line mask into SL bits after that was the
+        # block's deepest path (19 LUT levels by `synth --premap`). Nothing reads them sooner:
+        # the insert's occurrence reaches the FMA window through occ_q (SyncFIFOBuffered, 2
+        # cycles) and mf, and its fill through missq and the memory port; a fill response in
+        # the clear's cycle still wins (set over clear), as it did before.
+        ins_clear = Signal()
+        ins_clear_q = Signal()
+        ins_base_q = Signal(SB)
+        m.d.sync += [ins_clear_q.eq(ins_clear), ins_base_q.eq(ins_base)]
+        m.d.comb += arr_clr_mask.eq(Mux(ins_clear_q, slot_line_mask << ins_base_q, 0))
         me_valid = Signal()                     # the miss the port works on
         me = Signal(miss_rec)
         me_wb = Signal()                        # ... its write-back not started yet
@@ -1454,7 +1466,7 @@ class UpdateEngine(wiring.Component):
             m.d.comb += [miss_w.fill_base.eq(slot << slot_shift), miss_w.fill_addr.eq(s2_addr),
                          miss_w.lines.eq(s2_lines), missq.w_en.eq(1),
                          push.eq(1), push_slot.eq(slot), s2_done.eq(1),
-                         ins_base.eq(slot << slot_shift), arr_clr_mask.eq(slot_line_mask << ins_base)]
+                         ins_base.eq(slot << slot_shift), ins_clear.eq(1)]
             m.d.sync += [st_rows_read.eq(st_rows_read + 1), mstate.eq(then)]
 
         # slot_rp.data is slot[hand] whenever the previous cycle presented ``hand`` (the
@@ -1567,6 +1579,14 @@ class UpdateEngine(wiring.Component):
         # sets its dirty bit after the clean clears it) and is written back again once
         # updated, and a victim cleaned in the cycle a new row takes its slot is written
         # twice with the same bytes (the fill waits for every write-back, ``wb_issuing``).
+        # Two stages (the choice and the start were one cycle, 19 LUT levels by `synth --premap`:
+        # the slot compare, the 1024-bit dirty select and the 32-bit pin compare in front of the
+        # scratchpad's write-back read). The scan picks a cleanable slot into ``cq`` (``cp`` moves
+        # on); the start takes ``cq`` when the write-back machine has room. A push for the chosen
+        # slot after its record was read (registered: ``push_q``) cancels the choice: the slot
+        # was hit, or retaken by an insert (whose occurrence sets its dirty bit), and clearing
+        # that dirty bit could lose the new row's write-back. A push in the start's own cycle
+        # keeps the bit set (set wins); the rows cleaned then are written again, as above.
         cp = Signal(SB)
         cp_rd = Signal(SB)                      # the address slot_cp.data belongs to
         clean_go = Signal()
@@ -1574,22 +1594,34 @@ class UpdateEngine(wiring.Component):
         cp_next = Mux(cp + 1 >= fresh, 0, cp + 1)[:SB]
         cleanable = Signal()
         clean_room = Signal()
-        m.d.sync += cp_rd.eq(slot_cp.addr)
+        cq_valid = Signal()                     # the slot chosen to clean, and its row
+        cq_slot = Signal(SB)
+        cq_addr = Signal(32)
+        cq_lines = Signal(5)
+        push_q = Signal()
+        push_slot_q = Signal(SB)
+        cq_cancel = Signal()
+        m.d.sync += [cp_rd.eq(slot_cp.addr), push_q.eq(push), push_slot_q.eq(push_slot)]
         m.d.comb += [
             slot_cp.addr.eq(cp),
             cleanable.eq((cp_rd == cp) & (cp < fresh) & crec.valid & dirty.bit_select(cp, 1)
                          & (crec.last_use < completed) & ~crec.ref),
             clean_room.eq(look_run & val_ok & ~freeze & ~wb_active & ~(me_valid & me_wb)
                           & (writes_out < self.CLEAN_WRITES)),
+            cq_cancel.eq(push_q & (push_slot_q == cq_slot)),
         ]
-        with m.If(cleanable & clean_room):
-            m.d.comb += [clean_go.eq(1), wb_go.eq(1), wb_base_in.eq(cp << slot_shift), wb_addr_in.eq(crec.addr),
-                         wb_lines_in.eq(crec.lines)]
-        with m.If((cp_rd == cp) & (~cleanable | clean_room)):
+        with m.If(cq_valid & ~cq_cancel & clean_room):
+            m.d.comb += [clean_go.eq(1), wb_go.eq(1), wb_base_in.eq(cq_slot << slot_shift), wb_addr_in.eq(cq_addr),
+                         wb_lines_in.eq(cq_lines)]
+        with m.If(~look_run | clr | cq_cancel | clean_go):
+            m.d.sync += cq_valid.eq(0)
+        with m.Elif(~cq_valid & cleanable):
+            m.d.sync += [cq_valid.eq(1), cq_slot.eq(cp), cq_addr.eq(crec.addr), cq_lines.eq(crec.lines)]
+        with m.If((cp_rd == cp) & (~cleanable | ~cq_valid)):
             m.d.comb += slot_cp.addr.eq(cp_next)
             m.d.sync += cp.eq(cp_next)
         dirty_set = Mux(push, Const(1, SL) << push_slot, 0)
-        dirty_clr = Mux(clean_go, Const(1, SL) << cp, 0)
+        dirty_clr = Mux(clean_go, Const(1, SL) << cq_slot, 0)
         with m.If(mgr_idle):
             m.d.sync += dirty.eq(0)             # (no slot is valid: after a flush, before LOOK)
         with m.Else():
