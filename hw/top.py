@@ -103,8 +103,14 @@ class TrainingCxlDevice(wiring.Component):
         assert self._cache_merge.id_base(0) == ENGINE_ID_BASE and config.lookup_units <= self._cache_merge.span
         shared_ctx = max(CTX.size, self._processor.ctx_bits, self._lookup.feed_ctx_bits, self._update.ctx_bits,
                          self._undo_log.ctx_bits, self._mlp_log.ctx_bits, self._recovery.ctx_bits)
+        # The shared port's clients enter through stages, so that no client's request logic
+        # reaches another's ready through the merge's grant (28 LUT levels in the device, from
+        # the lookup feeder's readers into every other client): the engines through register
+        # slices (1 cycle), the CXL.mem target, whose latency the host sees, through a skid
+        # buffer (0 cycles, its ready a flip-flop).
         self._shared = MemPortArbiter(clients=len(SHARED_PORT_CLIENTS), addr_bits=config.addr_bits,
-                                      ctx_bits=shared_ctx)
+                                      ctx_bits=shared_ctx,
+                                      input_stage=["skid" if c == "cxl_mem" else "slice" for c in SHARED_PORT_CLIENTS])
         self._unit0_port = MemPortArbiter(clients=2, addr_bits=config.addr_bits,
                                           ctx_bits=max(self._lookup.unit_ctx_bits, self._update.ctx_bits))
         self._mem = MemoryInterleaver(

@@ -252,7 +252,8 @@ def test_merge_sums_completed_blocks_only():
                       "update": timed_out, "bias": failed})
     s = r["sum_of_completed_blocks"]
     assert (s["lut"], s["ff"], s["ramb18"], s["bram36_equiv"], s["dsp"], s["blocks"]) == (15, 27, 5, 2.5, 0, 2)
-    assert set(s) == set(COUNT_KEYS) | {"blocks", "logic_levels"} and s["logic_levels"] is None
+    assert set(s) == set(COUNT_KEYS) | {"blocks", "logic_levels", "estimated_levels"}
+    assert s["logic_levels"] is None and s["estimated_levels"] is None
     assert r["incomplete_blocks"] == ["update", "bias"] and not r["ok"]
     assert r["error"] == "2 of 4 blocks did not complete: update (timed out), bias (failed)"
     assert r["memory_mapping"] == {"lookup.rows": "BLOCKRAM_SDP", "update.scratch": "FF", "update.tags": "FF"}

@@ -7,11 +7,18 @@ Ports
   MemoryInterleaver (``req`` out, ``rd_rsp`` / ``wr_rsp`` in).
 
 Behaviour: requests are merged round-robin (combinational, no added latency; a client that
-keeps ``valid`` high is served within N transfers). The client index rides in the top bits
+keeps ``valid`` high is served within N transfers). ``input_stage`` (one per client) puts a
+stage between a client and the merge: ``"none"`` (the default), ``"skid"`` (a SkidBuffer: 0
+cycles, the client's ``ready`` is a flip-flop) or ``"slice"`` (a RegisterSlice: 1 cycle, its
+``valid`` and ``ready`` both flip-flops), so neither a client's request logic nor the merge's
+grant adds to the other's logic depth (hw/common/stream_util.py). With a stage, a client's
+request is accepted by its stage; the memory sees it when the merge grants it. The client index rides in the top bits
 of ``ctx`` and routes each response back to its client; a response waits while its client
 is not ready. Per-client order is kept; across clients, the memory subsystem's guarantees
 (hw/mem/port.py: read-after-write per line, writes per line in order) hold in the order the
-arbiter accepted the requests.
+merge granted the requests (no client of the device orders its requests after another
+client's write by the write's acceptance: a command's writes count as done at their
+responses).
 
 In the device (hw/top.py) it merges the shared memory port 0: the CXL.mem target, the
 command processor, the lookup feeder and the update, undo-log, MLP-log and recovery engines;
@@ -21,7 +28,7 @@ from amaranth import Module, Cat, Const
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..common.stream_util import RoundRobinArbiter
+from ..common.stream_util import RegisterSlice, RoundRobinArbiter, SkidBuffer
 from .port import mem_request_layout, mem_read_response_layout, mem_write_response_layout
 
 
@@ -34,9 +41,16 @@ def client_port_signature(addr_bits: int, ctx_bits: int) -> wiring.Signature:
     })
 
 
+INPUT_STAGES = {"none": None, "skid": SkidBuffer, "slice": RegisterSlice}
+
+
 class MemPortArbiter(wiring.Component):
-    def __init__(self, *, clients: int, addr_bits: int, ctx_bits: int):
+    def __init__(self, *, clients: int, addr_bits: int, ctx_bits: int, input_stage=None):
         assert clients >= 1
+        self.input_stage = tuple(input_stage) if input_stage is not None else ("none",) * clients
+        if len(self.input_stage) != clients or not set(self.input_stage) <= set(INPUT_STAGES):
+            raise ValueError(f"input_stage must name one of {sorted(INPUT_STAGES)} per client "
+                             f"({clients}), got {self.input_stage!r}")
         self.n = clients
         self.addr_bits = addr_bits
         self.ctx_bits = ctx_bits
@@ -53,6 +67,11 @@ class MemPortArbiter(wiring.Component):
         m.submodules.arb = arb = RoundRobinArbiter(wide, n)
         for i, client in enumerate(self.clients):
             src, dst = client.req, arb.inputs[i]
+            stage_cls = INPUT_STAGES[self.input_stage[i]]
+            if stage_cls is not None:
+                m.submodules[f"in{i}_{self.input_stage[i]}"] = stage = stage_cls(wide)
+                wiring.connect(m, stage.o, arb.inputs[i])
+                dst = stage.i
             m.d.comb += [
                 dst.valid.eq(src.valid), src.ready.eq(dst.ready),
                 dst.payload.write.eq(src.payload.write), dst.payload.addr.eq(src.payload.addr),

@@ -175,7 +175,7 @@ Two tables at a time (the apply pass)
 Pipeline, latency and throughput (one request per cycle and port at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
   non-empty bag into a 512-line ring, and 6 cycles per table pair to start it); 1/L through
-  Fp32DivInt (12 cycles, pipelined).
+  an input register and Fp32DivInt (1 + 12 cycles, pipelined).
 - Lookahead: a hit costs 1 cycle (row address, tag-set read and compare are pipelined), a
   miss into a free slot 1, a miss that evicts 2 (+1 per slot the CLOCK hand passes) while the
   miss queue has room; the port then spends dim/16 requests on the fill and as many on the
@@ -1076,8 +1076,17 @@ class UpdateEngine(wiring.Component):
         drec = Signal(bag_rec)
         m.d.comb += [drec.base.eq(Mux(cl, ln_base[1], ln_base[0])), drec.lines.eq(tb_lines),
                      drec.mode.eq(Mux(cl, ln_mode[1], ln_mode[0])), drec.len.eq(div_len),
-                     drec.gpos.eq(div_gpos), drec.lane.eq(cl),
-                     div.i_valid.eq(div_push), div.x.eq(ONE), div.l.eq(div_len), div.i_tag.eq(drec)]
+                     drec.gpos.eq(div_gpos), drec.lane.eq(cl)]
+        # The divider takes its inputs from registers: the bag stage decides a push after the
+        # offsets' subtract, the empty-bag test and the gradient port's handshake, and the
+        # divider's first stage (the length's leading-zero count) ran after that in the same
+        # cycle (16 LUT levels by `synth --premap`). A bag's record reaches bag_fifo a cycle
+        # later; ``reserved`` counts it from the push, as before.
+        div_in_valid = Signal()
+        div_in_len = Signal(16)
+        div_in_tag = Signal(bag_rec)
+        m.d.sync += [div_in_valid.eq(div_push & ~clr), div_in_len.eq(div_len), div_in_tag.eq(drec)]
+        m.d.comb += [div.i_valid.eq(div_in_valid), div.x.eq(ONE), div.l.eq(div_in_len), div.i_tag.eq(div_in_tag)]
         bag_pop = Signal()
         m.d.sync += reserved.eq(reserved + div_push - bag_pop)
 
