@@ -122,3 +122,21 @@ def test_known_depth_after_synth_xilinx(tmp_path):
     assert r["paths"][0]["from"].startswith("r1["), format_paths(r)
     assert r["loops"] == 0 and r["unknown_cells"] == {}
     json.dumps(r)
+
+
+def test_lutram_write_address_reaches_only_its_own_read_port():
+    """RAM32M: port D's address is also the write address. A deep path into ADDRD reaches DOD
+    (port D reads at it) but not DOA, which reads at ADDRA; an SRL's Q31 is a register."""
+    cells = {**_ff("ff0", 1, 10), **_lut("l1", [10], 11), **_lut("l2", [11], 12), **_lut("l3", [12], 13)}
+    cells["ram"] = _cell("RAM32M", {"ADDRA": "input", "ADDRD": "input", "DIA": "input", "WE": "input",
+                                    "WCLK": "input", "DOA": "output", "DOD": "output"},
+                         {"ADDRA": [10], "ADDRD": [13], "DIA": [10], "WE": [1], "WCLK": [1], "DOA": [20], "DOD": [21]})
+    cells["srl"] = _cell("SRLC32E", {"A": "input", "D": "input", "CE": "input", "CLK": "input", "Q": "output",
+                                     "Q31": "output"},
+                         {"A": [13], "D": [10], "CE": [1], "CLK": [1], "Q": [22], "Q31": [23]})
+    cells.update({**_lut("a", [20], 30), **_ff("fa", 30, 40), **_lut("d", [21], 31), **_ff("fd", 31, 41),
+                  **_lut("q", [22], 32), **_ff("fq", 32, 42), **_lut("q31", [23], 33), **_ff("f31", 33, 43)})
+    r = analyze(_netlist(cells, {"q0": [10], "ra": [40], "rd": [41], "rq": [42], "r31": [43]}), top_paths=20)
+    depth = {p["to"]: p["levels"] for p in r["paths"]}
+    # ra: ADDRA (a register) -> read -> LUT = 2; rd: 3 LUTs -> ADDRD -> read -> LUT = 5.
+    assert (depth["ra"], depth["rd"], depth["rq"], depth["r31"]) == (2, 5, 5, 1), depth

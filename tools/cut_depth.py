@@ -30,8 +30,8 @@ import pathlib
 import re
 from collections import deque
 
-from tools.logic_depth import (READ_ADDR, NetlistError, _is_rtl_name, _names, _pick_module, _sink_label, classify,
-                               group_of)
+from tools.logic_depth import (NetlistError, _is_rtl_name, _names, _pick_module, _sink_label, classify, group_of,
+                               read_ports)
 
 GATE = re.compile(r"\$_(BUF|NOT|AND|NAND|OR|NOR|XOR|XNOR|ANDNOT|ORNOT|MUX|NMUX|AOI3|OAI3|AOI4|OAI4)_|\$lut")
 
@@ -71,9 +71,9 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5, k: int
             for b in outs:
                 fanin[b] = (kind, [x for bits in ins.values() for x in bits])
         elif kind == "read":
-            addr = [x for p, bits in ins.items() if READ_ADDR.fullmatch(p) for x in bits]
-            for b in outs if addr else ():
-                fanin[b] = ("read", addr)
+            for obits, addr in read_ports(conns, dirs):
+                for b in obits:
+                    fanin[b] = ("read", addr)
             sinks += [(x, cname) for bits in ins.values() for x in bits]
         else:
             sinks += [(x, cname) for bits in ins.values() for x in bits]

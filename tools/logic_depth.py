@@ -19,8 +19,9 @@ design after ``synth_xilinx`` (one module: flatten first, or name it) and return
 
 The graph: nodes are net bits. A LUT1..LUT6 adds one level. A LUT RAM (RAM32M, RAM64X1D,
 RAM32M16 ...) and a variable SRL (SRL16E / SRLC32E) are sequential for their written
-contents but their read is asynchronous, so the read-address pins reach the data outputs
-through one LUT level (what the timing of the LUT they are would show); their write pins
+contents but their read is asynchronous, so each read port's address pins reach that port's
+data outputs through one LUT level (what the timing of the LUT they are would show;
+``read_ports``: a write address reaches only the output that reads at it); their write pins
 are endpoints. MUXF7/8/9 and CARRY4/8 pass through without a LUT level, and so do INV / BUF
 (synth_xilinx leaves some INVs; the vendor flow folds them into the next LUT or flip-flop). A DSP48E1/E2 whose
 A/B, M and P registers are all off (AREG=BREG=MREG=PREG=0) is combinational and passes
@@ -41,11 +42,38 @@ DSP = re.compile(r"DSP48E\d")
 LUTRAM = re.compile(r"RAM(32|64|128|256|512)(M\d*|X\d+[SD])")
 SRL = re.compile(r"SRL(16E|C32E)")
 SEQUENTIAL = re.compile(r"FD[RSCP]E(_1)?|RAMB(18|36)E\d|URAM288(_BASE)?|BUFG.*|\$scopeinfo")
-READ_ADDR = re.compile(r"A\d*|ADDR[A-H]|DPRA\d*")   # LUT RAM / SRL pins that reach the outputs
 DSP_REGS = ("AREG", "BREG", "MREG", "PREG")
 # Path cost: (LUT levels, MUXF, CARRY, DSP); compared LUT levels first.
 ZERO = (0, 0, 0, 0)
 STEP = {"lut": (1, 0, 0, 0), "muxf": (0, 1, 0, 0), "carry": (0, 0, 1, 0), "dsp": (0, 0, 0, 1), "wire": ZERO}
+
+
+def read_ports(conns: dict, dirs: dict) -> list[tuple[list[int], list[int]]]:
+    """The asynchronous reads of a LUT RAM or SRL: (output bits, the address bits they read
+    at) per output. ``DOx`` reads at ``ADDRx`` (RAM32M/RAM64M/RAM32M16/RAM64M8: ``ADDRD`` /
+    ``ADDRH`` is also the write address, so only that port's output follows it); ``DPO`` at
+    ``DPRA``; ``SPO`` / ``O`` / ``Q`` at ``A`` (the write address of RAMxX1D/S; an SRL's
+    tap). Other outputs (an SRL's ``Q31``) and outputs whose address is constant (a fixed-length
+    SRL) are registered: no entry."""
+    def ints(bits):
+        return [b for b in bits if isinstance(b, int)]
+    a_pins = [b for p, bits in conns.items() if re.fullmatch(r"A\d*", p) for b in ints(bits)]
+    dpra = [b for p, bits in conns.items() if re.fullmatch(r"DPRA\d*", p) for b in ints(bits)]
+    out = []
+    for p, bits in conns.items():
+        if dirs.get(p) != "output":
+            continue
+        if m := re.fullmatch(r"DO([A-H])", p):
+            addr = ints(conns.get(f"ADDR{m.group(1)}", []))
+        elif p == "DPO":
+            addr = dpra
+        elif p in ("SPO", "O", "Q"):
+            addr = a_pins
+        else:
+            addr = []
+        if addr and ints(bits):
+            out.append((ints(bits), addr))
+    return out
 
 
 class NetlistError(Exception):
@@ -129,9 +157,9 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5) -> dic
             for b in outs:
                 edges[b] = (kind, cname, through)
         elif kind in ("lutram", "srl"):
-            through = [b for p, bits in ins.items() if READ_ADDR.fullmatch(p) for b in bits]
-            for b in outs if through else ():           # a fixed-length SRL's output is a register
-                edges[b] = ("lut", cname, through)
+            for obits, addr in read_ports(conns, dirs):
+                for b in obits:
+                    edges[b] = ("lut", cname, addr)
             sinks += [(b, cname) for bits in ins.values() for b in bits]
         else:
             sinks += [(b, cname) for bits in ins.values() for b in bits]
