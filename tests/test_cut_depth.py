@@ -26,13 +26,19 @@ def _gate(name, kind, ins, out):
                         {**{p: [b] for p, b in zip(pins, ins)}, "Y": [out]})}
 
 
-def test_and_chain_needs_three_levels_and_via_names_inner_nets():
-    # q[0..12] (bits 100..112) -> a1 = q0 & q1, a_i = a_{i-1} & q_i ... a12 -> FF r.
-    cells = {f"ff{i}": _ff(f"ff{i}", 1, 100 + i)[f"ff{i}"] for i in range(13)}
+def _and_chain(inputs):
+    """Registers q[0..inputs-1] (bits 100...) and the chain a1 = q0 & q1, a_i = a_{i-1} & q_i
+    (a_i is bit 200 + i); returns the cells."""
+    cells = {f"ff{i}": _ff(f"ff{i}", 1, 100 + i)[f"ff{i}"] for i in range(inputs)}
     prev = 100
-    for i in range(1, 13):
+    for i in range(1, inputs):
         cells.update(_gate(f"g{i}", "AND", [prev, 100 + i], 200 + i))
         prev = 200 + i
+    return cells
+
+
+def test_and_chain_needs_three_levels_and_via_names_inner_nets():
+    cells = _and_chain(13)
     cells.update(_ff("r", 212, 300))
     names = {"q": list(range(100, 113)), "r": [300], "mid_and": [206], "$auto$12": [209]}
     r = cut_depth.analyze(_netlist(cells, names))
@@ -47,11 +53,7 @@ def test_and_chain_needs_three_levels_and_via_names_inner_nets():
 def test_six_inputs_one_level_carry_and_lutram():
     # Five ANDs over six register bits: one LUT6. Then a CARRY4 (no level) whose input is that
     # LUT, then a LUT RAM read (one level) addressed by the carry's output, into FF z.
-    cells = {f"ff{i}": _ff(f"ff{i}", 1, 100 + i)[f"ff{i}"] for i in range(6)}
-    prev = 100
-    for i in range(1, 6):
-        cells.update(_gate(f"g{i}", "AND", [prev, 100 + i], 200 + i))
-        prev = 200 + i
+    cells = _and_chain(6)
     cells["carry"] = _cell("CARRY4", {"S": "input", "DI": "input", "CO": "output"},
                            {"S": [205], "DI": [100], "CO": [210]})
     cells["ram"] = _cell("RAM64X1D", {"A0": "input", "DPRA0": "input", "D": "input", "WE": "input",

@@ -25,13 +25,12 @@ from its read address; everything else is a boundary, as in ``logic_depth``.
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import re
 from collections import deque
 
-from tools.logic_depth import (NetlistError, _is_rtl_name, _names, _pick_module, _sink_label, classify, group_of,
-                               read_ports)
+from tools.logic_depth import (_is_rtl_name, _names, _pick_module, _sink_label, cell_graph, classify, group_of,
+                               load_netlist)
 
 GATE = re.compile(r"\$_(BUF|NOT|AND|NAND|OR|NOR|XOR|XNOR|ANDNOT|ORNOT|MUX|NMUX|AOI3|OAI3|AOI4|OAI4)_|\$lut")
 
@@ -50,37 +49,9 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5, k: int
     """The estimated depth of one unmapped module (see the module docstring)."""
     name, mod = _pick_module(netlist, module)
     cells = mod.get("cells", {})
-    fanin: dict[int, tuple[str, list[int]]] = {}       # comb output bit -> (kind, input bits)
-    sinks: list[tuple[int, str]] = []
-    unknown: dict[str, int] = {}
-    gates = 0
-    for cname, cell in cells.items():
-        if cell["type"] == "$scopeinfo":
-            continue
-        dirs, conns = cell.get("port_directions"), cell.get("connections", {})
-        if dirs is None:
-            raise NetlistError(f"cell {cname} ({cell['type']}) has no port_directions: read the cell library first")
-        kind = _kind(cell)
-        ins = {p: [b for b in bits if isinstance(b, int)] for p, bits in conns.items() if dirs.get(p) != "output"}
-        outs = [b for p, bits in conns.items() if dirs.get(p) == "output" for b in bits if isinstance(b, int)]
-        if kind == "unknown":
-            unknown[cell["type"]] = unknown.get(cell["type"], 0) + 1
-            kind = "seq"
-        if kind in ("gate", "through"):
-            gates += kind == "gate"
-            for b in outs:
-                fanin[b] = (kind, [x for bits in ins.values() for x in bits])
-        elif kind == "read":
-            for obits, addr in read_ports(conns, dirs):
-                for b in obits:
-                    fanin[b] = ("read", addr)
-            sinks += [(x, cname) for bits in ins.values() for x in bits]
-        else:
-            sinks += [(x, cname) for bits in ins.values() for x in bits]
-    for pname, port in mod.get("ports", {}).items():
-        if port["direction"] != "input":
-            sinks += [(b, f"port:{pname}") for b in port["bits"] if isinstance(b, int)]
-
+    edges, sinks, unknown = cell_graph(mod, _kind, ("gate", "through"), {"read": "read"})
+    fanin = {b: (kind, ins) for b, (kind, _, ins) in edges.items()}      # comb output bit -> (kind, inputs)
+    gates = sum(1 for c in cells.values() if c["type"] != "$scopeinfo" and _kind(c) == "gate")
     order, loops = _topological(fanin)
     label: dict[int, int] = {}                          # bit -> LUT levels to produce it (0: a boundary)
     best: dict[int, frozenset] = {}                     # gate bit -> the leaves of its chosen LUT
@@ -209,8 +180,4 @@ def _topological(fanin: dict) -> tuple[list[int], int]:
 
 
 def analyze_file(path: pathlib.Path, module: str | None = None, top_paths: int = 5) -> dict:
-    try:
-        netlist = json.loads(pathlib.Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise NetlistError(f"cannot read netlist {path}: {e}") from e
-    return analyze(netlist, module, top_paths)
+    return analyze(load_netlist(path), module, top_paths)

@@ -76,6 +76,40 @@ def read_ports(conns: dict, dirs: dict) -> list[tuple[list[int], list[int]]]:
     return out
 
 
+def cell_graph(mod: dict, kind_of, through: tuple, reads: dict):
+    """The combinational graph of a module's cells: ``edges`` (output bit -> (kind, cell name,
+    input bits)) for the cells ``kind_of`` puts in ``through`` (every input reaches every
+    output) or in ``reads`` (LUT RAM / SRL: ``read_ports``, edge kind ``reads[kind]``);
+    ``sinks`` ((bit, cell name or ``port:NAME``): every input of a cell that is not in
+    ``through``, and the module's output ports); ``unknown`` (cell type -> count: ``kind_of``
+    said ``unknown``; treated as boundaries)."""
+    edges: dict[int, tuple[str, str, list[int]]] = {}
+    sinks: list[tuple[int, str]] = []
+    unknown: dict[str, int] = {}
+    for cname, cell in mod.get("cells", {}).items():
+        if cell["type"] == "$scopeinfo":
+            continue
+        dirs, conns = cell.get("port_directions"), cell.get("connections", {})
+        if dirs is None:
+            raise NetlistError(f"cell {cname} ({cell['type']}) has no port_directions: read the cell library first")
+        kind = kind_of(cell)
+        ins = [b for p, bits in conns.items() if dirs.get(p) != "output" for b in bits if isinstance(b, int)]
+        if kind == "unknown":
+            unknown[cell["type"]] = unknown.get(cell["type"], 0) + 1
+        if kind in through:
+            for b in (b for p, bits in conns.items() if dirs.get(p) == "output" for b in bits if isinstance(b, int)):
+                edges[b] = (kind, cname, ins)
+            continue
+        for obits, addr in read_ports(conns, dirs) if kind in reads else ():
+            for b in obits:
+                edges[b] = (reads[kind], cname, addr)
+        sinks += [(b, cname) for b in ins]
+    for pname, port in mod.get("ports", {}).items():
+        if port["direction"] != "input":
+            sinks += [(b, f"port:{pname}") for b in port["bits"] if isinstance(b, int)]
+    return edges, sinks, unknown
+
+
 class NetlistError(Exception):
     """The JSON is not a netlist this module can read (one-line message)."""
 
@@ -135,37 +169,9 @@ def _names(mod: dict) -> dict[int, str]:
 def analyze(netlist: dict, module: str | None = None, top_paths: int = 5) -> dict:
     """The logic depth of one mapped module (see the module docstring)."""
     name, mod = _pick_module(netlist, module)
-    edges: dict[int, tuple[str, str, list[int]]] = {}   # output bit -> (kind, cell name, input bits)
-    sinks: list[tuple[int, str]] = []                    # (bit, endpoint label)
-    unknown: dict[str, int] = {}
     cells = mod.get("cells", {})
-    for cname, cell in cells.items():
-        if cell["type"] == "$scopeinfo":
-            continue
-        kind = classify(cell)
-        dirs = cell.get("port_directions")
-        conns = cell.get("connections", {})
-        if dirs is None:
-            raise NetlistError(f"cell {cname} ({cell['type']}) has no port_directions: read the cell library first")
-        ins = {p: [b for b in bits if isinstance(b, int)] for p, bits in conns.items() if dirs.get(p) != "output"}
-        outs = [b for p, bits in conns.items() if dirs.get(p) == "output" for b in bits if isinstance(b, int)]
-        if kind == "unknown":
-            unknown[cell["type"]] = unknown.get(cell["type"], 0) + 1
-            kind = "seq"
-        if kind in ("lut", "muxf", "carry", "dsp", "wire"):
-            through = [b for bits in ins.values() for b in bits]
-            for b in outs:
-                edges[b] = (kind, cname, through)
-        elif kind in ("lutram", "srl"):
-            for obits, addr in read_ports(conns, dirs):
-                for b in obits:
-                    edges[b] = ("lut", cname, addr)
-            sinks += [(b, cname) for bits in ins.values() for b in bits]
-        else:
-            sinks += [(b, cname) for bits in ins.values() for b in bits]
-    for pname, port in mod.get("ports", {}).items():
-        if port["direction"] != "input":
-            sinks += [(b, f"port:{pname}") for b in port["bits"] if isinstance(b, int)]
+    edges, sinks, unknown = cell_graph(mod, classify, ("lut", "muxf", "carry", "dsp", "wire"),
+                                       {"lutram": "lut", "srl": "lut"})
     names = _names(mod)
     cost: dict[int, tuple] = {}
     best_in: dict[int, int | None] = {}
@@ -276,12 +282,15 @@ def _sink_label(cname: str, names: dict, cells: dict, bit: int) -> str:
     return f"{cname.lstrip(chr(92))} ({cell['type'].lstrip(chr(92))})" if cell is not None else cname
 
 
-def analyze_file(path: pathlib.Path, module: str | None = None, top_paths: int = 5) -> dict:
+def load_netlist(path: pathlib.Path) -> dict:
     try:
-        netlist = json.loads(pathlib.Path(path).read_text())
+        return json.loads(pathlib.Path(path).read_text())
     except (OSError, ValueError) as e:
         raise NetlistError(f"cannot read netlist {path}: {e}") from e
-    return analyze(netlist, module, top_paths)
+
+
+def analyze_file(path: pathlib.Path, module: str | None = None, top_paths: int = 5) -> dict:
+    return analyze(load_netlist(path), module, top_paths)
 
 
 def format_paths(r: dict) -> str:
