@@ -142,11 +142,15 @@ class LookupFeeder(wiring.Component):
         pick = Signal(self.unit_bits)
         any_room = Signal()
         m.d.comb += any_room.eq(self.unit_room != 0)
-        for off in reversed(range(self.units)):
-            for u in range(self.units):
-                with m.If((((rr + off) % self.units) == u) if self.units > 1 else 1):
-                    with m.If(self.unit_room[u]):
-                        m.d.comb += pick.eq(u)
+        # (A case per value of rr with constant unit numbers: ``(rr + off) % units`` on the
+        # signal made Yosys build a divider, 27 LUT levels by `synth --premap`.)
+        with m.Switch(rr):
+            for r in range(self.units):
+                with m.Case(r):
+                    for off in reversed(range(self.units)):
+                        u = (r + off) % self.units
+                        with m.If(self.unit_room[u]):
+                            m.d.comb += pick.eq(u)
 
         def fail(code, info):
             m.d.sync += [err.eq(code), err_info.eq(info)]
