@@ -10,15 +10,15 @@ Behaviour: requests are merged round-robin (combinational, no added latency; a c
 keeps ``valid`` high is served within N transfers). ``input_stage`` (one per client) puts a
 stage between a client and the merge: ``"none"`` (the default), ``"skid"`` (a SkidBuffer: 0
 cycles, the client's ``ready`` is a flip-flop) or ``"slice"`` (a RegisterSlice: 1 cycle, its
-``valid`` and ``ready`` both flip-flops), so neither a client's request logic nor the merge's
-grant adds to the other's logic depth (hw/common/stream_util.py). With a stage, a client's
-request is accepted by its stage; the memory sees it when the merge grants it. The client index rides in the top bits
-of ``ctx`` and routes each response back to its client; a response waits while its client
-is not ready. Per-client order is kept; across clients, the memory subsystem's guarantees
-(hw/mem/port.py: read-after-write per line, writes per line in order) hold in the order the
-merge granted the requests (no client of the device orders its requests after another
-client's write by the write's acceptance: a command's writes count as done at their
-responses).
+``valid`` and ``ready`` both flip-flops), so neither a client's request logic nor the
+merge's grant adds to the other's logic depth (hw/common/stream_util.py). With a stage, a
+client's request is accepted by its stage; the memory sees it when the merge grants it. The
+client index rides in the top bits of ``ctx`` and routes each response back to its client; a
+response waits while its client is not ready. Per-client order is kept; across clients, the
+memory subsystem's guarantees (hw/mem/port.py: read-after-write per line, writes per line in
+order) hold in the order the merge granted the requests (no client of the device orders its
+requests after another client's write by the write's acceptance: a command's writes count as
+done at their responses).
 
 In the device (hw/top.py) it merges the shared memory port 0: the CXL.mem target, the
 command processor, the lookup feeder and the update, undo-log, MLP-log and recovery engines;

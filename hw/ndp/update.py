@@ -126,11 +126,11 @@ Scratchpad (a write-back cache of rows)
   pushed for the slot (a hit or an insert) and cleared when the cleaner starts (a push in
   that cycle keeps it set; a push between the cleaner's choice and its start cancels the
   choice), so a row hit after its write-back started is dirty again and written again later
-  (rm4 b512: 13 of 7,021 rows). Only unpinned rows are cleaned: a
-  pinned row's pending updates would land after its dirty bit was cleared (a mutant that
-  cleans pinned rows fails 8 of the testbench's 8 default-build tests). rm4 b512 in the
-  engine's testbench ("channels" model): 54,432 -> 51,083 cycles; rm1 b64 unchanged
-  (182,040, 44 rows written twice of 22,265).
+  (rm4 b512: 13 of 7,021 rows). Only unpinned rows are cleaned: a pinned row's pending
+  updates would land after its dirty bit was cleared (a mutant that cleans pinned rows fails
+  8 of the testbench's 8 default-build tests). rm4 b512 in the engine's testbench
+  ("channels" model): 54,432 -> 51,083 cycles; rm1 b64 unchanged (182,040, 44 rows written
+  twice of 22,265).
 - Memories (FPGA rules, hw/common/ram.py): the scratchpad is two ``LvtRam`` banks by line
   parity, each written by fills and FMA results and read by an FMA operand port and the
   write-backs (the operand read bypasses a same-cycle result); the gradient and contribution
@@ -142,9 +142,10 @@ Scratchpad (a write-back cache of rows)
   scratch_lines register: set by fill responses, a whole slot cleared the cycle after a row
   is inserted, before its occurrence can leave the occurrence queue) and of the gradient
   ring (1 x 512, set by responses and cleared by issues, two write ports) are read by the
-  FMA window's entries (and the MUL front): flip-flops, below the audit's 4-kbit limit (tools/mem_audit.py); so are the
-  cleaner's dirty bits (a scratch_lines register). The slot memory has a second read port,
-  the cleaner's (a replica block RAM, transparent for the one write port).
+  FMA window's entries (and the MUL front): flip-flops, below the audit's 4-kbit limit
+  (tools/mem_audit.py); so are the cleaner's dirty bits (a scratch_lines register). The slot
+  memory has a second read port, the cleaner's (a replica block RAM, transparent for the one
+  write port).
 
 Two tables at a time (the apply pass)
 - Occurrences need not go to the datapath in input order: the bag stage takes the tables in
