@@ -22,6 +22,9 @@ Trace: ``writes`` holds ``[addr, accept cycle, response cycle or None, data]`` p
 response taken, in the order they were taken, ``events`` ``(cycle, "w" | "a" | "r", addr)``
 for write accepted / write acknowledged / read accepted, in order. ``prng`` (a
 ``random.Random``) drives every random choice, so a seed replays a run.
+
+``read_stream(ctx, dut, out, mm, prng, fields, ...)``: one run of an array reader (LineReader,
+ElementReader: ``start`` / ``busy`` / ``abort`` and an output stream ``out``) against ``mm``.
 """
 from __future__ import annotations
 
@@ -117,3 +120,35 @@ class MemModel:
                 self.mem[e.addr] = sum(((new if rng.random() < 0.5 else e.data) >> 64 * w & WORD) << 64 * w
                                        for w in range(8))
         self.pending.clear()
+
+
+async def read_stream(ctx, dut, out, mm, prng, fields: dict, cycle: int, abort_after=None, out_ready_p=1.0,
+                      take=None, every_cycle=None, max_cycles=5000):
+    """Start ``dut`` with ``fields`` (signal name -> value: ``base``, ``count`` ...), then run
+    until ``busy`` falls: ``out.ready`` high with probability ``out_ready_p``, ``abort`` held
+    once ``abort_after`` items were taken, ``mm`` driven and sampled, ``every_cycle(ctx)``
+    called (its own checks). Returns (items taken, in order: ``take(ctx)`` or the payload;
+    cycles while busy; the cycle count after). Fails when busy lasts ``max_cycles``."""
+    assert not ctx.get(dut.busy)
+    for name, value in fields.items():
+        ctx.set(getattr(dut, name), value)
+    ctx.set(dut.start, 1)
+    await ctx.tick()
+    cycle += 1
+    ctx.set(dut.start, 0)
+    items, n = [], 0
+    while ctx.get(dut.busy):
+        ctx.set(dut.abort, int(abort_after is not None and len(items) == abort_after))
+        ctx.set(out.ready, int(prng.random() < out_ready_p))
+        mm.drive(ctx, cycle)
+        mm.sample(ctx, cycle)
+        if every_cycle is not None:
+            every_cycle(ctx)
+        if ctx.get(out.valid) and ctx.get(out.ready):
+            items.append(take(ctx) if take is not None else ctx.get(out.payload))
+        await ctx.tick()
+        cycle += 1
+        n += 1
+        assert n < max_cycles, f"busy for {max_cycles} cycles"
+    ctx.set(dut.abort, 0)
+    return items, n, cycle

@@ -8,7 +8,7 @@ import random
 from amaranth.sim import Simulator
 
 from hw.ndp.element_reader import ElementReader
-from pysim_memory import MemModel
+from pysim_memory import MemModel, read_stream
 
 CAP = 1 << 10
 
@@ -33,27 +33,9 @@ def _run(seed, jobs, ready_p, lat, out_ready_p):
     async def bench(ctx):
         cycle = 0
         for base, first, count, abort_after in jobs:
-            assert not ctx.get(dut.busy)
-            ctx.set(dut.base, base)
-            ctx.set(dut.first, first)
-            ctx.set(dut.count, count)
-            ctx.set(dut.start, 1)
-            await ctx.tick()
-            cycle += 1
-            ctx.set(dut.start, 0)
-            elems, n = [], 0
-            while ctx.get(dut.busy):
-                ctx.set(dut.abort, int(abort_after is not None and len(elems) == abort_after))
-                ctx.set(dut.elems.ready, int(prng.random() < out_ready_p))
-                mm.drive(ctx, cycle)
-                mm.sample(ctx, cycle)
-                if ctx.get(dut.elems.valid) and ctx.get(dut.elems.ready):
-                    elems.append(ctx.get(dut.elems.payload))
-                await ctx.tick()
-                cycle += 1
-                n += 1
-                assert n < 5000
-            ctx.set(dut.abort, 0)
+            elems, n, cycle = await read_stream(ctx, dut, dut.elems, mm, prng,
+                                                {"base": base, "first": first, "count": count}, cycle,
+                                                abort_after, out_ready_p)
             ctx.set(dut.elems.ready, 0)
             for _ in range(3):                     # nothing left over after busy falls
                 await ctx.tick()

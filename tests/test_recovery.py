@@ -18,7 +18,7 @@ from hw.checkpoint.log_format import ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, LO
 from hw.checkpoint.recovery import RecoveryEngine
 from hw.mem.line_reader import LineReader
 from hw.ndp.command import AddressFault, CommandDescriptor, NdpError, NdpOpcode
-from pysim_memory import MemModel
+from pysim_memory import MemModel, read_stream
 from sim.model import checkpoint as ck
 from sim.model.codec import StructCodec
 
@@ -495,28 +495,14 @@ def _line_reader_run(seed, jobs, ready_p, lat, out_ready_p, rd_error=()):
 
     async def bench(ctx):
         cycle = 0
+        def reads_only(ctx):
+            assert not ctx.get(dut.mem.req.payload.write)
+
         for base, count, abort_after in jobs:
-            assert not ctx.get(dut.busy)
-            ctx.set(dut.base, base)
-            ctx.set(dut.count, count)
-            ctx.set(dut.start, 1)
-            await ctx.tick()
-            cycle += 1
-            ctx.set(dut.start, 0)
-            lines, n = [], 0
-            while ctx.get(dut.busy):
-                ctx.set(dut.abort, int(abort_after is not None and len(lines) == abort_after))
-                ctx.set(dut.lines.ready, int(prng.random() < out_ready_p))
-                mm.drive(ctx, cycle)
-                mm.sample(ctx, cycle)
-                assert not ctx.get(dut.mem.req.payload.write)
-                if ctx.get(dut.lines.valid) and ctx.get(dut.lines.ready):
-                    lines.append((ctx.get(dut.lines.payload.data), ctx.get(dut.lines.payload.error)))
-                await ctx.tick()
-                cycle += 1
-                n += 1
-                assert n < 5000
-            ctx.set(dut.abort, 0)
+            lines, n, cycle = await read_stream(
+                ctx, dut, dut.lines, mm, prng, {"base": base, "count": count}, cycle, abort_after, out_ready_p,
+                take=lambda ctx: (ctx.get(dut.lines.payload.data), ctx.get(dut.lines.payload.error)),
+                every_cycle=reads_only)
             got.append((lines, n))
 
     sim = Simulator(dut)

@@ -2,7 +2,7 @@
 
   trainingcxl synth [--target xcup|xc7] [--share fast|full] [--hierarchical] [--json FILE] [--top MODULE]
                     [--keep DIR] [--timeout S] [--frontend rtlil|verilog]
-  trainingcxl synth [--target ...] --blocks all|NAME[,NAME...] [--block-timeout S] [--json FILE] ...
+  trainingcxl synth [--target ...] --blocks all|NAME[,NAME...] [--block-timeout S] [--premap] [--json FILE] ...
 
 Writes the device in its DEFAULT configuration (``DeviceConfig()``) into the keep folder (default
 build/synth/): Amaranth's RTLIL (``--frontend rtlil``, the default; Yosys reads it with
@@ -37,6 +37,10 @@ is recorded (``timed_out`` / ``error``, with the memory decisions logged so far)
 process carries on with the rest; ``--timeout`` bounds the whole run. Files in
 ``KEEP/blocks/``. Block sums are not the device: nothing is optimised across blocks and the
 top's glue is not counted.
+
+``--premap`` (with ``--blocks``) stops each block before ``map_luts`` and reports
+``estimated_levels`` from tools/cut_depth.py, whose paths name the RTL nets inside the LUTs
+(``logic_levels`` and ``lut`` are then null).
 
 JSON keys are listed in README.md (Synthesis). Exit codes: 0 success, 2 a bad request (one-line
 error), 1 Yosys failed or timed out (JSON still written with ``ok`` false; with ``--blocks``,
