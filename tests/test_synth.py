@@ -151,6 +151,7 @@ def test_parser_defaults():
     (["--top", "lookup"], "--top must be trainingcxl_device or one of its blocks"),
     (["--blocks", "all", "--block-timeout", "-1"], "--block-timeout must be a positive"),
     (["--blocks", "csr", "--top", "trainingcxl_device.csr"], "--blocks and --top exclude each other"),
+    (["--premap"], "--premap works per block"),
 ])
 def test_bad_requests_exit_2(argv, message, capsys, tmp_path):
     assert main(_parse("--json", str(tmp_path / "s.json"), "--keep", str(tmp_path), *argv)) == 2
@@ -227,6 +228,9 @@ def test_block_list_is_derived_from_module_names(toy_verilog):
     for bad in ("c", "a,c", ","):
         with pytest.raises(SynthError, match="the device has: a, b"):
             parse_blocks(bad, ["a", "b"])
+    pre = blocks_script("blocks-1.v", ["a"], "xcup", before_luts=True).splitlines()
+    assert "synth_xilinx -family xcup -top trainingcxl_device.a -flatten -noiopad -noclkbuf -uram " \
+        "-run map_memory:map_luts" in pre and "blackbox =A:whitebox" in pre
     script = blocks_script("blocks-1.v", ["a", "b"], "xc7").splitlines()
     assert script[:2] == ["read_verilog blocks-1.v", "design -save read"] and script.count("design -load read") == 2
     assert "synth_xilinx -family xc7 -top trainingcxl_device.b -flatten -noiopad -noclkbuf -run :coarse" in script
