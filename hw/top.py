@@ -111,8 +111,13 @@ class TrainingCxlDevice(wiring.Component):
         self._shared = MemPortArbiter(clients=len(SHARED_PORT_CLIENTS), addr_bits=config.addr_bits,
                                       ctx_bits=shared_ctx,
                                       input_stage=["skid" if c == "cxl_mem" else "slice" for c in SHARED_PORT_CLIENTS])
+        # Interleaver port 1 the same way (23 levels in the device: lookup unit 0's request
+        # through the merge's grant into UPDATE's gradient ready and its bag stage): unit 0
+        # through a skid buffer (0 cycles, as the other units' direct ports), UPDATE's
+        # gradient reads through a register slice.
         self._unit0_port = MemPortArbiter(clients=2, addr_bits=config.addr_bits,
-                                          ctx_bits=max(self._lookup.unit_ctx_bits, self._update.ctx_bits))
+                                          ctx_bits=max(self._lookup.unit_ctx_bits, self._update.ctx_bits),
+                                          input_stage=("skid", "slice"))
         self._mem = MemoryInterleaver(
             channels=config.channels, addr_bits=config.addr_bits,
             ctx_bits=max(shared_ctx + self._shared.client_bits, self._lookup.unit_ctx_bits,
