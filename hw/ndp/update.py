@@ -1350,8 +1350,11 @@ class UpdateEngine(wiring.Component):
         pinned = rec.valid & (rec.last_use >= completed)
 
         # Write-back machine: the lines of one slot -> memory writes. The scratch read port's
-        # output is the request payload (its enable holds it while the port is busy); the
-        # first line is read in the cycle of ``wb_go``.
+        # output is the request payload (its enable holds it while the port is busy). The
+        # first line is read in the cycle after ``wb_go``, from registers: reading it in the
+        # decision's cycle put the flush's and the insert's slot choice in front of the
+        # scratchpad's read address (17 LUT levels). Write-backs wait on the media's write
+        # rate, so the cycle is mostly hidden.
         wb_go = Signal()
         wb_base_in = Signal(SB)
         wb_addr_in = Signal(32)
@@ -1377,7 +1380,7 @@ class UpdateEngine(wiring.Component):
             wb_acc.eq(wb_have & src_look.ready),
             wb_read.eq(wb_active & (wb_k != wb_lines) & (~wb_have | wb_acc)),
             wb_issuing.eq(wb_have | (wb_active & (wb_k != wb_lines))),
-            wb_line.eq(wb_base | wb_k), wb_en.eq(wb_read | wb_go),
+            wb_line.eq(wb_base | wb_k), wb_en.eq(wb_read),
         ]
         with m.If(wb_read):
             m.d.sync += [wb_k.eq(wb_k + 1), wb_have.eq(1), wb_pk.eq(wb_k)]
@@ -1386,9 +1389,8 @@ class UpdateEngine(wiring.Component):
         with m.If(wb_active & (wb_k == wb_lines) & (~wb_have | wb_acc)):
             m.d.sync += wb_active.eq(0)
         with m.If(wb_go):
-            m.d.comb += wb_line.eq(wb_base_in)
             m.d.sync += [wb_active.eq(1), wb_base.eq(wb_base_in), wb_addr.eq(wb_addr_in), wb_lines.eq(wb_lines_in),
-                         wb_k.eq(1), wb_have.eq(1), wb_pk.eq(0), st_rows_written.eq(st_rows_written + 1)]
+                         wb_k.eq(0), st_rows_written.eq(st_rows_written + 1)]
 
         # Miss queue: what a miss leaves to the port (its victim's write-back, then its fill), so
         # the manager goes on with the next occurrences while the port works through it. One
