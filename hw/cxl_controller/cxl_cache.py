@@ -129,6 +129,14 @@ class Flow(enum.Enum, shape=4):
     ACQUIRE = 8          # RdOwnNoData to device memory, completed by MemRdFwd
 
 
+def snoop_next_state(opcode, state):
+    """The MESI state a line held in ``state`` is left in by a snoop with ``opcode``
+    (H2DReq): SnpInv invalidates, SnpData shares a line that is valid, SnpCur and the
+    reserved opcodes change nothing."""
+    return Mesi(Mux(opcode == Snp.SNP_INV, Mesi.I,
+                    Mux((opcode == Snp.SNP_DATA) & (state != Mesi.I), Mesi.S, state)))
+
+
 def _pow2(x):
     return x > 0 and x & (x - 1) == 0
 
@@ -514,10 +522,9 @@ class CxlCacheAgent(wiring.Component):
         s_next = Signal(Mesi)
         s_fwd = Signal()
         s_rsvd = Signal()
-        m.d.comb += s_next.eq(held)
+        m.d.comb += s_next.eq(snoop_next_state(snp.opcode, held))
         with m.Switch(snp.opcode):
             with m.Case(Snp.SNP_INV):
-                m.d.comb += s_next.eq(Mesi.I)
                 with m.Switch(held):
                     with m.Case(Mesi.M):
                         m.d.comb += [s_rsp.eq(DRsp.RSP_I_FWD_M), s_fwd.eq(1)]
@@ -528,9 +535,9 @@ class CxlCacheAgent(wiring.Component):
             with m.Case(Snp.SNP_DATA):
                 with m.Switch(held):
                     with m.Case(Mesi.M):
-                        m.d.comb += [s_rsp.eq(DRsp.RSP_S_FWD_M), s_fwd.eq(1), s_next.eq(Mesi.S)]
+                        m.d.comb += [s_rsp.eq(DRsp.RSP_S_FWD_M), s_fwd.eq(1)]
                     with m.Case(Mesi.E, Mesi.S):
-                        m.d.comb += [s_rsp.eq(DRsp.RSP_S_HIT_SE), s_next.eq(Mesi.S)]
+                        m.d.comb += s_rsp.eq(DRsp.RSP_S_HIT_SE)
                     with m.Default():
                         m.d.comb += s_rsp.eq(DRsp.RSP_I_HIT_I)
             with m.Case(Snp.SNP_CUR):  # current data, no change
@@ -559,11 +566,19 @@ class CxlCacheAgent(wiring.Component):
             m.d.comb += [ev.snoop.eq(1), ev.snoop_hit.eq((held != Mesi.I) & ~s_rsvd),
                          ev.snoop_rsvd.eq(s_rsvd)]
             with m.If(s_hit):
-                m.d.sync += c_state[s_slot].eq(s_next)
-            with m.Elif(s_ev_hit & (s_next != s_ev_state)):
-                m.d.sync += t_evstate[s_ev].eq(s_next)
+                m.d.sync += c_state[s_slot].eq(snoop_next_state(snp.opcode, s_state))
+        # The new states are computed from the state each holder holds (a hit's is the
+        # cache's, an evicted line's its tracker's: the match is one-hot) rather than from
+        # ``held``: the trackers' 64-way select then stays off the state registers' paths
+        # (15 LUT levels, from the trackers' address compare through the select).
+        ev_changes = Signal(n)
+        for i in range(n):
+            ev_next = snoop_next_state(snp.opcode, t_evstate[i])
+            m.d.comb += ev_changes[i].eq(ev_match[i] & (ev_next != t_evstate[i]))
+            with m.If(s_go & ~s_hit & ev_match[i]):
+                m.d.sync += t_evstate[i].eq(ev_next)
         m.d.comb += [bg_set.addr.eq(s_ev), bg_set.data.eq(1),
-                     bg_set.en.eq(s_go & ~s_hit & s_ev_hit & (s_next != s_ev_state))]
+                     bg_set.en.eq(s_go & ~s_hit & ev_changes.any())]
 
         # ------------------------------------------------------------ front end
         req = self.port.req.payload
@@ -647,11 +662,16 @@ class CxlCacheAgent(wiring.Component):
             d2h.opcode.eq(d2h_opcode), d2h.cqid.eq(cqid), d2h.nt.eq(0), d2h.addr.eq(d2h_addr),
             req_q.w_data.eq(d2h), req_q.w_en.eq(do_alloc | do_evict),
         ]
+        # What an allocation writes is chosen by ``victim``, not by ``do_evict``: the two agree
+        # whenever anything is written (an eviction is the allocation of a victim, and a plain
+        # allocation has none), and ``victim`` does not wait for the trackers' address compare
+        # (``line_busy``), which then only reaches the write enables (13 LUT levels before).
         with m.If(do_evict):
+            m.d.comb += [ev.evict_dirty.eq(fe_state == Mesi.M), ev.evict_clean.eq(fe_state != Mesi.M)]
+        with m.If(victim):
             m.d.comb += [
                 d2h_addr.eq(victim_addr),
                 d2h_opcode.eq(Mux(fe_state == Mesi.M, DReq.DIRTY_EVICT, DReq.CLEAN_EVICT)),
-                ev.evict_dirty.eq(fe_state == Mesi.M), ev.evict_clean.eq(fe_state != Mesi.M),
             ]
         with m.Else():
             m.d.comb += d2h_addr.eq(req.addr)
@@ -669,15 +689,15 @@ class CxlCacheAgent(wiring.Component):
         # Tracker allocation. Write data (WRITE, PUSH*) or the evicted line goes in its buffer.
         t_new_data = Signal(LINE_BITS)
         flush_own = (op == CacheOp.FLUSH) & (flow == Flow.EVICT)     # write back the cached line
-        m.d.comb += t_new_data.eq(Mux(do_evict | flush_own, c_rd_fe.data, req.data))
+        m.d.comb += t_new_data.eq(Mux(victim | flush_own, c_rd_fe.data, req.data))
         m.d.comb += [t_wr_fe.addr.eq(cqid), t_wr_fe.data.eq(t_new_data),
                      t_wr_fe.en.eq(do_alloc | do_evict)]
         alloc = do_alloc | do_evict
         new_flow = Signal(Flow)
         new_static = Signal(static)
         m.d.comb += [
-            new_flow.eq(Mux(do_evict, Flow.EVICT, flow)),
-            new_static.flow.eq(new_flow), new_static.port.eq(do_alloc), new_static.id.eq(req.id),
+            new_flow.eq(Mux(victim, Flow.EVICT, flow)),
+            new_static.flow.eq(new_flow), new_static.port.eq(~victim), new_static.id.eq(req.id),
             new_static.dirty.eq(d2h_opcode == DReq.DIRTY_EVICT),
             st_wr.addr.eq(cqid), st_wr.data.eq(new_static), st_wr.en.eq(alloc),
         ]
@@ -688,16 +708,16 @@ class CxlCacheAgent(wiring.Component):
             m.d.sync += [
                 t_valid[cqid].eq(1),
                 t_evict[cqid].eq(new_flow == Flow.EVICT),
-                t_addr[cqid].eq(Mux(do_evict, victim_addr, req.addr)),
-                t_fill[cqid].eq(do_alloc & needs_fill),
+                t_addr[cqid].eq(Mux(victim, victim_addr, req.addr)),
+                t_fill[cqid].eq(~victim & needs_fill),
                 t_got_go[cqid].eq(0),
                 t_got_data[cqid].eq(0),
                 # An owned line pushed with new data is dirty now, whatever it was.
-                t_evstate[cqid].eq(Mux(do_alloc & (new_flow == Flow.EVICT), Mesi.M, fe_state)),
+                t_evstate[cqid].eq(Mux(~victim & (flow == Flow.EVICT), Mesi.M, fe_state)),
             ]
             # The slot's line leaves the cache: evicted, superseded by a push or flush,
             # or (an S copy) dropped before asking for ownership.
-            with m.If(do_evict | (fe_hit & ~local)):
+            with m.If(victim | (fe_hit & ~local)):
                 m.d.sync += c_state[fe_slot].eq(Mesi.I)
         with m.If(do_drop):
             m.d.sync += c_state[fe_slot].eq(Mesi.I)
