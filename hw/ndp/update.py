@@ -1752,9 +1752,12 @@ class UpdateEngine(wiring.Component):
         row_line1 = Signal(SB)
         c_line1 = Signal(GB)
         csrc = Signal()
-        m.d.comb += [row_line.eq(Mux(go_b, row_b, row_a)), c_line.eq(Mux(go_b, c_b, c_a)),
-                     row_line1.eq(Mux(go_b, row_b1, row_a1)), c_line1.eq(Mux(go_b, c_b1, c_a1)),
-                     csrc.eq(Mux(go_b, wb.csrc, wa.csrc))]
+        # The issuing entry's lines, picked by ``go_a`` alone: they only matter when an FMA
+        # issues (go_a, or go_b, which implies ~go_a), and go_b's own logic (B's operands, B
+        # against A's row, ~go_a) then stays off the operand read addresses (14 LUT levels).
+        m.d.comb += [row_line.eq(Mux(go_a, row_a, row_b)), c_line.eq(Mux(go_a, c_a, c_b)),
+                     row_line1.eq(Mux(go_a, row_a1, row_b1)), c_line1.eq(Mux(go_a, c_a1, c_b1)),
+                     csrc.eq(Mux(go_a, wa.csrc, wb.csrc))]
         m.d.sync += [hz_valid[0][0].eq(fma_go), hz_addr[0][0].eq(row_line),
                      hz_valid[1][0].eq(pair_go), hz_addr[1][0].eq(row_line1)]
         for j in range(2):
@@ -1799,8 +1802,11 @@ class UpdateEngine(wiring.Component):
         # the other bank; the registered parity says which bank answers which slot.
         m.d.comb += [grad_rp.addr.eq(Mux(fma_go, c_line, (mf.gpos + mf_k)[:GB])), con_rp.addr.eq(c_line[:CB]),
                      grad_rp1.addr.eq(c_line1), con_rp1.addr.eq(c_line1[:CB])]
+        # Each entry's bank addresses first, then the entry: the pick is the last step.
         for b, bank in enumerate(banks):
-            m.d.comb += bank["rd"].addr.eq(Mux(row_line[0] == b, row_line, row_line1)[1:])
+            line_a = Mux(row_a[0] == b, row_a, row_a1)
+            line_b = Mux(row_b[0] == b, row_b, row_b1)
+            m.d.comb += bank["rd"].addr.eq(Mux(go_a, line_a, line_b)[1:])
         c1_par = Signal()                       # the slot-0 line's bank
         c1_pair = Signal()
         c1_row1 = Signal(SB)
