@@ -23,8 +23,11 @@ Answers (docs/cxl-reference.md §1 "Expected responses"; Tag and LD-ID always ec
   data and no NDR; other Req answer NDR Cmp; writes answer NDR Cmp without effect.
 - MemRdFwd / MemWrFwd: completions of the device's CXL.cache requests to its own memory
   (host-bias resolution); handed to the agent on ``fwd`` (Tag = CQID), never answered.
-- Bias (HDM-D): a host access to a line of a device-bias page first flips the page to host
-  bias (``bias_to_host``); the device caches no device-memory lines, so nothing is flushed.
+- Bias (HDM-D): a host access to a line of a device-bias page flips the page to host bias
+  (``bias_to_host``) in the cycle after its decode, from registers (``bias_page`` is the
+  registered page); the device caches no device-memory lines, so nothing is flushed and the
+  access does not wait for the flip. One flip request a cycle, in message order, each
+  reading the bit the previous one wrote.
 - BIConflict: BI-ConflictAck at once (HDM-D: no back-invalidate snoop can be pending);
   counted as unsupported.
 - Any other Req or RwD opcode (TEE, MemClnEvct, MemRdFill, reserved): NDR Cmp, no effect,
@@ -81,7 +84,8 @@ EVENTS = ("oow_req", "oow_rwd", "unsupported_req", "unsupported_rwd",
 # Who raises which event: the response stage the media's answers, the decode stage the rest.
 # Each stage's struct holds only its own events, so no bit of it is a bare constant (ALWNEVER).
 RESPONSE_EVENTS = ("poison_rd", "media_error")
-DECODE_EVENTS = tuple(e for e in EVENTS if e not in RESPONSE_EVENTS)
+BIAS_EVENTS = ("bias_to_host",)             # raised by the bias flip stage, after the decode
+DECODE_EVENTS = tuple(e for e in EVENTS if e not in RESPONSE_EVENTS + BIAS_EVENTS)
 
 # MemRdFwd / MemWrFwd handed to the CXL.cache agent: they complete its D2H requests.
 FWD = data.StructLayout({"cqid": TAG_BITS, "write": 1})
@@ -275,13 +279,17 @@ class CxlMemTarget(wiring.Component):
                 st_mem.ctx.eq(ctx),
             ]
         # Bias: a host access (read, write, invalidate) inside the window to a device-bias
-        # page flips the page to host bias as the message is decoded.
-        m.d.comb += self.bias_page.eq(offset[self.bias_page_bits:self.addr_bits])
+        # page flips the page to host bias in the next cycle. Deciding it from registers keeps
+        # the decode (address offset, window compare, ``take``) off the bias table's read and
+        # write (17 LUT levels into the table's LUT RAM and the CSR counter). Its event lands
+        # in the cycle the decode's events do (``dec_ev_q``).
         host_access = in_window & (act.mem | (~inc.is_rwd & ((req_op == M2SReqOpcode.MEM_INV) |
                                                              (req_op == M2SReqOpcode.MEM_INV_NT))))
-        m.d.comb += self.bias_to_host.eq(take & host_access & self.bias_device)
-        with m.If(self.bias_to_host):
-            m.d.comb += dec_events.bias_to_host.eq(1)
+        bias_req_q = Signal()
+        bias_page_q = Signal.like(self.bias_page)
+        m.d.sync += [bias_req_q.eq(take & host_access),
+                     bias_page_q.eq(offset[self.bias_page_bits:self.addr_bits])]
+        m.d.comb += [self.bias_page.eq(bias_page_q), self.bias_to_host.eq(bias_req_q & self.bias_device)]
         # Events are counted when a message is decoded (each message exactly once).
         dec_ev_q = Signal.like(dec_events)
         m.d.sync += dec_ev_q.eq(Mux(take, dec_events.as_value(), 0))
@@ -371,4 +379,5 @@ class CxlMemTarget(wiring.Component):
         # per field: the port has no constant-only bits).
         m.d.comb += [getattr(ev, e).eq(getattr(dec_ev_q, e)) for e in DECODE_EVENTS]
         m.d.comb += [getattr(ev, e).eq(getattr(rsp_ev_q, e)) for e in RESPONSE_EVENTS]
+        m.d.comb += ev.bias_to_host.eq(self.bias_to_host)
         return m
