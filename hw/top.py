@@ -15,7 +15,9 @@ Ports (architecture.md §3; one clock domain ``sync``, active-high synchronous r
 Memory: port 0 of the interleaver is shared (``SHARED_PORT_CLIENTS`` behind a round-robin
 MemPortArbiter); each lookup unit has a port of its own, and port 1 also carries the update
 engine's gradient reads (``grad_port``, through a second MemPortArbiter: LOOKUP and UPDATE
-never run at once, so each has the port to itself). The CXL.cache agent's internal port
+never run at once, so each has the port to itself). Both arbiters take their clients through
+input stages (skid buffers or register slices), so no client's request logic reaches
+another's ready through a grant. The CXL.cache agent's internal port
 is shared by the test port, the bias engine and the NDP engines (lookup push, MLP log).
 """
 from types import SimpleNamespace
