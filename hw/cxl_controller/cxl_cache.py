@@ -519,10 +519,8 @@ class CxlCacheAgent(wiring.Component):
         m.d.comb += held.eq(Mux(s_hit, s_state, Mux(s_ev_hit, s_ev_state, Mesi.I)))
 
         s_rsp = Signal(DRsp)
-        s_next = Signal(Mesi)
         s_fwd = Signal()
         s_rsvd = Signal()
-        m.d.comb += s_next.eq(snoop_next_state(snp.opcode, held))
         with m.Switch(snp.opcode):
             with m.Case(Snp.SNP_INV):
                 with m.Switch(held):
