@@ -252,7 +252,7 @@ class TrainingCxlDevice(wiring.Component):
         # Bias table: the target's lookups, the CSR doorbell and status.
         m.d.comb += [
             bias.host_page.eq(tgt.bias_page), tgt.bias_device.eq(bias.host_device),
-            bias.host_to_host.eq(tgt.bias_to_host),
+            bias.host_to_host.eq(tgt.bias_to_host), bias.host_flip_page.eq(tgt.bias_flip_page),
             bias.flip_page.eq(csr.bias_flip_page), bias.flip_to_device.eq(csr.bias_flip_to_device),
             bias.flip_seq.eq(csr.bias_doorbell_seq),
             bias.hdm_base.eq(Cat(csr.hdm_base_lo_addr, csr.hdm_base_hi_addr)),

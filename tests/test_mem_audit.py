@@ -130,6 +130,7 @@ def test_bias_host_and_engine_writes_share_one_port():
         # page 5 to host bias. The host's write goes first; the engine's follows a cycle later.
         ctx.set(dut.host_page, 9)
         assert ctx.get(dut.host_device) == 1
+        ctx.set(dut.host_flip_page, 9)
         ctx.set(dut.host_to_host, 1)
         ctx.set(dut.flip_page, 5)
         ctx.set(dut.flip_to_device, 0)
@@ -150,7 +151,7 @@ def test_bias_host_and_engine_writes_share_one_port():
         ctx.set(dut.flip_to_device, 1)
         ctx.set(dut.flip_seq, 7)
         for page in (1, 2, 3) * 8:                     # host traffic while the engine acquires
-            ctx.set(dut.host_page, page)
+            ctx.set(dut.host_flip_page, page)
             ctx.set(dut.host_to_host, 1)
             await ctx.tick()
         ctx.set(dut.host_to_host, 0)

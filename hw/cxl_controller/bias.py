@@ -4,9 +4,11 @@ One bit per page of device memory (``pages`` pages of ``2**page_line_bits`` line
 0 = host bias (reset: everything behaves as host bias), 1 = device bias.
 
 Ports
-- ``host_page`` In / ``host_device`` Out / ``host_to_host`` In: the CXL.mem target's lookup
-  of the page a host access touches (asynchronous read) and its one-cycle request to flip
-  that page to host bias (the device caches no device-memory lines: nothing to flush).
+- ``host_page`` In / ``host_device`` Out: the CXL.mem target's lookup of the page a host
+  access touches (asynchronous read). ``host_to_host`` In / ``host_flip_page`` In: its
+  one-cycle request to flip a page to host bias (the device caches no device-memory lines:
+  nothing to flush); the target reads and flips in different cycles, so the two pages are
+  separate ports.
 - ``flip_page`` In, ``flip_to_device`` In, ``flip_seq`` In (8 bits): a CSR doorbell. When
   ``flip_seq`` differs from the last sequence served, the engine flips ``flip_page``:
   to host bias at once; to device bias by taking every line of the page from the host
@@ -52,6 +54,7 @@ class BiasTable(wiring.Component):
             "host_page": In(page_bits),
             "host_device": Out(1),
             "host_to_host": In(1),
+            "host_flip_page": In(page_bits),
             "flip_page": In(page_bits),
             "flip_to_device": In(1),
             "flip_seq": In(8),
@@ -128,7 +131,7 @@ class BiasTable(wiring.Component):
         # (engine_write is never high together with host_to_host).
         engine_page = Mux(engine_value, page, self.flip_page)
         m.d.comb += [
-            wr.addr.eq(Mux(self.host_to_host, self.host_page, engine_page)),
+            wr.addr.eq(Mux(self.host_to_host, self.host_flip_page, engine_page)),
             wr.data.eq(~self.host_to_host & engine_value),
             wr.en.eq(self.host_to_host | engine_write),
         ]

@@ -24,10 +24,12 @@ Answers (docs/cxl-reference.md §1 "Expected responses"; Tag and LD-ID always ec
 - MemRdFwd / MemWrFwd: completions of the device's CXL.cache requests to its own memory
   (host-bias resolution); handed to the agent on ``fwd`` (Tag = CQID), never answered.
 - Bias (HDM-D): a host access to a line of a device-bias page flips the page to host bias
-  (``bias_to_host``) in the cycle after its decode, from registers (``bias_page`` is the
-  registered page); the device caches no device-memory lines, so nothing is flushed and the
-  access does not wait for the flip. One flip request a cycle, in message order, each
-  reading the bit the previous one wrote.
+  (``bias_to_host`` on ``bias_flip_page``) two cycles after its decode: the cycle after the
+  decode reads the page's bit (``bias_page`` / ``bias_device``, from registers), the next one
+  writes it. A flip still being written when the same page is read again counts as done (a
+  bypass register), so each access sees every earlier access's flip and a page flips once.
+  The device caches no device-memory lines, so nothing is flushed and the access does not
+  wait for the flip.
 - BIConflict: BI-ConflictAck at once (HDM-D: no back-invalidate snoop can be pending);
   counted as unsupported.
 - Any other Req or RwD opcode (TEE, MemClnEvct, MemRdFill, reserved): NDR Cmp, no effect,
@@ -122,11 +124,13 @@ class CxlMemTarget(wiring.Component):
             "hdm_size": In(LINE_ADDR_BITS),
             "hdm_enable": In(1),
             "fwd": Out(stream.Signature(FWD)),
-            # Bias table lookup (hw/cxl_controller/bias.py): the page of the message being
-            # decoded, whether it is in device bias, and a pulse flipping it to host bias.
+            # Bias table (hw/cxl_controller/bias.py): the page a host access read last cycle
+            # touches and whether it is in device bias (read stage); a pulse flipping
+            # ``bias_flip_page`` to host bias (write stage).
             "bias_page": Out(max(addr_bits - bias_page_bits, 1)),
             "bias_device": In(1),
             "bias_to_host": Out(1),
+            "bias_flip_page": Out(max(addr_bits - bias_page_bits, 1)),
             "events": Out(data.StructLayout({e: 1 for e in EVENTS})),
         })
 
@@ -279,17 +283,24 @@ class CxlMemTarget(wiring.Component):
                 st_mem.ctx.eq(ctx),
             ]
         # Bias: a host access (read, write, invalidate) inside the window to a device-bias
-        # page flips the page to host bias in the next cycle. Deciding it from registers keeps
-        # the decode (address offset, window compare, ``take``) off the bias table's read and
-        # write (17 LUT levels into the table's LUT RAM and the CSR counter). Its event lands
-        # in the cycle the decode's events do (``dec_ev_q``).
+        # page flips the page to host bias. Read stage (the cycle after the decode): the
+        # page's bit, read with the registered page; write stage (the next cycle): the flip.
+        # Registers between the decode, the read and the write keep the decode (address
+        # offset, window compare, ``take``) off the bias table, and the table's read off its
+        # own write port (17 LUT levels each way before). The write stage's flip lands at the
+        # end of its cycle, so a read of the same page in that cycle takes it as done.
         host_access = in_window & (act.mem | (~inc.is_rwd & ((req_op == M2SReqOpcode.MEM_INV) |
                                                              (req_op == M2SReqOpcode.MEM_INV_NT))))
         bias_req_q = Signal()
         bias_page_q = Signal.like(self.bias_page)
         m.d.sync += [bias_req_q.eq(take & host_access),
                      bias_page_q.eq(offset[self.bias_page_bits:self.addr_bits])]
-        m.d.comb += [self.bias_page.eq(bias_page_q), self.bias_to_host.eq(bias_req_q & self.bias_device)]
+        flip_q = Signal()
+        flip_page_q = Signal.like(self.bias_page)
+        flip_pending = flip_q & (flip_page_q == bias_page_q)        # the bypass
+        m.d.sync += [flip_q.eq(bias_req_q & self.bias_device & ~flip_pending), flip_page_q.eq(bias_page_q)]
+        m.d.comb += [self.bias_page.eq(bias_page_q), self.bias_to_host.eq(flip_q),
+                     self.bias_flip_page.eq(flip_page_q)]
         # Events are counted when a message is decoded (each message exactly once).
         dec_ev_q = Signal.like(dec_events)
         m.d.sync += dec_ev_q.eq(Mux(take, dec_events.as_value(), 0))
