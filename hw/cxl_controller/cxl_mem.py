@@ -57,7 +57,8 @@ That block reads no variable, so an event-driven simulator never runs it: Verila
 the NDR/DRS MetaField at 0 (Meta0-State) instead of No-Op. So here the S2M headers and the
 ``events`` port are assembled field by field with unconditional statements only (Yosys
 then writes plain ``assign``s), from small signals that carry the conditional parts; and
-the decode and response stages each own a struct of just the events they raise.
+the decode and response stages each own a struct of just the events they raise (the bias
+flip stage raises one, ``bias_to_host``, as its own signal).
 tests/test_no_alwnever.py lints this module with ALWNEVER enabled.
 """
 from amaranth import Module, Signal, Const, Mux
@@ -83,7 +84,8 @@ PIPELINE_READ_CYCLES = 8
 EVENTS = ("oow_req", "oow_rwd", "unsupported_req", "unsupported_rwd",
           "poison_wr", "poison_rd", "media_error", "rd_line", "wr_line", "spec_rd_dropped",
           "inv", "bias_to_host")
-# Who raises which event: the response stage the media's answers, the decode stage the rest.
+# Who raises which event: the response stage the media's answers, the bias flip stage (two
+# cycles after the decode) the host accesses' flips, the decode stage the rest.
 # Each stage's struct holds only its own events, so no bit of it is a bare constant (ALWNEVER).
 RESPONSE_EVENTS = ("poison_rd", "media_error")
 BIAS_EVENTS = ("bias_to_host",)             # raised by the bias flip stage, after the decode
@@ -124,9 +126,9 @@ class CxlMemTarget(wiring.Component):
             "hdm_size": In(LINE_ADDR_BITS),
             "hdm_enable": In(1),
             "fwd": Out(stream.Signature(FWD)),
-            # Bias table (hw/cxl_controller/bias.py): the page a host access read last cycle
-            # touches and whether it is in device bias (read stage); a pulse flipping
-            # ``bias_flip_page`` to host bias (write stage).
+            # Bias table (hw/cxl_controller/bias.py): the page of the host access decoded in
+            # the previous cycle and whether it is in device bias (read stage); a pulse
+            # flipping ``bias_flip_page`` to host bias (write stage, one cycle later).
             "bias_page": Out(max(addr_bits - bias_page_bits, 1)),
             "bias_device": In(1),
             "bias_to_host": Out(1),
@@ -301,7 +303,7 @@ class CxlMemTarget(wiring.Component):
         m.d.sync += [flip_q.eq(bias_req_q & self.bias_device & ~flip_pending), flip_page_q.eq(bias_page_q)]
         m.d.comb += [self.bias_page.eq(bias_page_q), self.bias_to_host.eq(flip_q),
                      self.bias_flip_page.eq(flip_page_q)]
-        # Events are counted when a message is decoded (each message exactly once).
+        # Decode events are counted when a message is decoded (each message exactly once).
         dec_ev_q = Signal.like(dec_events)
         m.d.sync += dec_ev_q.eq(Mux(take, dec_events.as_value(), 0))
 
