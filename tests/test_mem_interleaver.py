@@ -6,7 +6,7 @@ AR is accepted and a write applied only when its B is accepted (the latest AXI a
 missing read-after-write wait would show). Checks: each request gets exactly one response, on
 its own port with its own ctx; read data is the line's state after the last write accepted
 before the read (or newer), across ports in acceptance order (a request is accepted when it
-leaves its port's skid buffer, i.e. its channel grants it; in program order per port); the media end up in the
+leaves its port's register slice, i.e. its channel grants it; in program order per port); the media end up in the
 reference state under the device's line-to-channel mapping (hw/mem/port.py); several
 requests enter per cycle; a read after a full-line write is forwarded from the channel's
 write buffer (no media read, answered before the write's B), one after a partial write
@@ -159,9 +159,9 @@ def run(seed, *, requests, always_ready=False, latency=(1, 12), read_ids=8, cycl
                 if offering[p] and ctx.get(c.req.ready):
                     handed[p].append(todo[p].popleft())
                     offering[p] = False
-                # granted by its channel: the request leaves the port's skid buffer (in the
-                # same cycle when the buffer was empty)
-                granted = dut.req_skids[p].o
+                # granted by its channel: the request leaves the port's register slice (at
+                # the earliest in the cycle after its handshake)
+                granted = dut.req_slices[p].o
                 if ctx.get(granted.valid) and ctx.get(granted.ready):
                     k, (w, line, data, strb, poison) = handed[p].popleft()
                     assert ctx.get(granted.payload.ctx) == k, f"port {p}: requests reordered"

@@ -9,14 +9,18 @@ Ports
 Mapping: channel = line % N, channel-local line = line // N (N a power of two; see
 ``split_line_address`` in port.py).
 
-Requests: every port's ``req`` enters a SkidBuffer (hw/common/stream_util.py: 0 cycles, its
-``ready`` a flip-flop, so no ready chain runs from the channels back into the clients); each
-channel has a round-robin arbiter over the P ports whose head request targets it (a request
-leaves its port's skid buffer in the cycle it is granted, and the channel's input FIFO adds 1
-cycle). A port's head waits (and holds back the requests behind it) while its channel is busy
-or grants another port; the other ports keep flowing to other channels. So up to min(P, N)
-requests are granted per cycle, one per channel; the media behind 4 channels deliver about
-1.9 lines per cycle, which one port (1 line per cycle) cannot use.
+Requests: every port's ``req`` enters a RegisterSlice (hw/common/stream_util.py: 1 cycle,
+its ``ready`` and its output's ``valid`` and payload flip-flops). So no ready chain runs from
+the channels back into the clients, and no valid chain runs from one client's request logic
+through the channels' arbiters into another port's grant (with a 0-cycle skid buffer here,
+that was the device's deepest path: a lookup unit's issue logic -> each channel's round robin
+-> another port's buffer, 21 LUT levels). Each channel has a round-robin arbiter over the P
+ports whose head request (the slice's output) targets it; a request leaves its port's slice
+in the cycle it is granted, and the channel's input FIFO adds 1 cycle. A port's head waits
+(and holds back the requests behind it) while its channel is busy or grants another port;
+the other ports keep flowing to other channels. So up to min(P, N) requests are granted per
+cycle, one per channel; the media behind 4 channels deliver about 1.9 lines per cycle, which
+one port (1 line per cycle) cannot use.
 
 Responses: the port index rides above the client's bits in the ``ctx`` the channels carry
 and routes each response back to its port. Per port, read and write responses are each
@@ -31,16 +35,20 @@ README, "Performance").
 
 Ordering: the guarantees of hw/mem/port.py hold per channel, and a line lives on exactly one
 channel. Across ports, "accepted" means the order in which the channel's arbiter granted the
-requests, which a client does not see (its handshake is with its port's skid buffer): a
+requests, which a client does not see (its handshake is with its port's register slice): a
 client that needs another port's write seen waits for that write's response. Within a port,
 requests to one line reach their channel in program order.
+
+Latency: an idle request reaches its channel's input FIFO 1 cycle after its handshake and the
+channel's master 1 cycle later; a response reaches the client 1 cycle after the channel
+offers it.
 """
 from amaranth import Module, Cat, Const
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..common.axi import Axi4Signature
-from ..common.stream_util import RegisterSlice, RoundRobinArbiter, SkidBuffer
+from ..common.stream_util import RegisterSlice, RoundRobinArbiter
 from .arbiter import client_port_signature
 from .axi_master import AxiChannelMaster, LINE_SIZE_LOG2
 from .port import mem_read_response_layout, mem_request_layout, mem_write_response_layout
@@ -64,8 +72,8 @@ class MemoryInterleaver(wiring.Component):
         self.axi_signature = Axi4Signature(
             addr_width=self.local_addr_bits + LINE_SIZE_LOG2, id_width=id_bits)
         # Public for testbenches: a request is granted by its channel when it leaves
-        # ``req_skids[p].o`` (the acceptance order of hw/mem/port.py's guarantees).
-        self.req_skids = [SkidBuffer(mem_request_layout(addr_bits, ctx_bits)) for _ in range(ports)]
+        # ``req_slices[p].o`` (the acceptance order of hw/mem/port.py's guarantees).
+        self.req_slices = [RegisterSlice(mem_request_layout(addr_bits, ctx_bits)) for _ in range(ports)]
         super().__init__({
             "clients": In(client_port_signature(addr_bits, ctx_bits)).array(ports),
             **{f"pmem{c}": Out(self.axi_signature) for c in range(channels)},
@@ -90,10 +98,10 @@ class MemoryInterleaver(wiring.Component):
             wiring.connect(m, arb.o, mc.req)
             arbs.append(arb)
         for p, client in enumerate(self.clients):
-            skid = self.req_skids[p]
-            m.submodules[f"req_skid{p}"] = skid
-            wiring.connect(m, wiring.flipped(client.req), skid.i)
-            req = skid.o
+            stage = self.req_slices[p]
+            m.submodules[f"req_slice{p}"] = stage
+            wiring.connect(m, wiring.flipped(client.req), stage.i)
+            req = stage.o
             channel = req.payload.addr[:cb] if n > 1 else 0
             for c, arb in enumerate(arbs):
                 dst = arb.inputs[p]
