@@ -137,8 +137,10 @@ Scratchpad (a write-back cache of rows)
   rings have a replica each for the second FMA slot; the tag store is one ``BypassRam`` per
   way. A tag invalidation (the victim's entry, or a flush) is written one cycle after it is
   decided, through the way's only write port; no insert happens in that cycle (an evicting
-  insert moves the manager to DROP for it; FL_CHK inserts nothing), and S2 re-reads its set
-  then, so lookups never see the stale entry. The arrival bits of the scratchpad (a
+  insert moves the manager to DROP for it; FL_CHK inserts nothing). The tag compare (S2) is
+  registered before the manager acts on it (S3); a compare whose set was written after its
+  read is redone from a re-read, and S2 does not move into S3 in a cycle that may write its
+  set, so lookups never see a stale entry. The arrival bits of the scratchpad (a
   scratch_lines register: set by fill responses, a whole slot cleared the cycle after a row
   is inserted, before its occurrence can leave the occurrence queue) and of the gradient
   ring (1 x 512, set by responses and cleared by issues, two write ports) are read by the
@@ -177,9 +179,10 @@ Pipeline, latency and throughput (one request per cycle and port at most)
 - Bag stage: one bag per cycle (plus dim/16 - 1 cycles to issue the gradient lines of a
   non-empty bag into a 512-line ring, and 6 cycles per table pair to start it); 1/L through
   an input register and Fp32DivInt (1 + 12 cycles, pipelined).
-- Lookahead: a hit costs 1 cycle (row address, tag-set read and compare are pipelined), a
-  miss into a free slot 1, a miss that evicts 2 (+1 per slot the CLOCK hand passes) while the
-  miss queue has room; the port then spends dim/16 requests on the fill and as many on the
+- Lookahead: a hit costs 1 cycle (row address, tag-set read, compare and decision are
+  pipelined), a miss into a free slot 1, a miss that evicts 2 (+1 per slot the CLOCK hand
+  passes) while the miss queue has room, and an occurrence whose tag set the miss before it
+  wrote 2 more (its set is read again); the port then spends dim/16 requests on the fill and as many on the
   victim's write-back.
   Up to 512 occurrences wait in the occurrence queue with their fills in flight, which hides
   the media latency (about 100-130 reads in flight in the measurements below) and lets the
@@ -1193,7 +1196,8 @@ class UpdateEngine(wiring.Component):
             m.d.sync += [bstate.eq(Bag.IDLE), g_head.eq(0), g_tail.eq(0), reserved.eq(0)]
 
         # ---------------------------------------------------------------- lookahead --
-        # S0: next occurrence -> row address; S1: tag-set read; S2: compare, hit or miss.
+        # S0: next occurrence -> row address; S1: tag-set read; S2: tag compare (registered);
+        # S3: hit or miss (the manager acts on S3).
         occ_rec = data.StructLayout({"row_base": SB, "lines": 5, "gpos": GB, "scale": 32, "mul": 1,
                                      "bag_last": 1})
         m.submodules.occ_q = occ_q = ResetInserter(clr)(SyncFIFOBuffered(width=occ_rec.size, depth=self.OCC_DEPTH))
@@ -1220,13 +1224,30 @@ class UpdateEngine(wiring.Component):
         s2_scale = Signal(32)
         s2_mul = Signal()
         s2_last = Signal()
-        s2_done = Signal()
+        s2_fresh = Signal()                     # S2's tag set is at the read port (else s2_tags)
+        s2_stale = Signal()                     # a tag write hit S2's set after its read: re-read
+        s3_valid = Signal()
+        s3_addr = Signal(32)
+        s3_set = Signal(TSB)
+        s3_lines = Signal(5)
+        s3_gpos = Signal(GB)
+        s3_scale = Signal(32)
+        s3_mul = Signal()
+        s3_last = Signal()
+        s3_hit = Signal()                       # S2's compare, registered
+        s3_hit_way = Signal(WB_)
+        s3_hit_slot = Signal(SB)
+        s3_full = Signal()
+        s3_free_way = Signal(WB_)
+        s3_done = Signal()
+        fresh = Signal(SB + 1)                  # slots never used in this batch start here
         mstate = Signal(Mgr)
         look_run = Signal()
         m.d.comb += look_run.eq(mstate == Mgr.LOOK)
 
         has_w = cmd.flags.has_weights
-        s2_free = ~s2_valid | s2_done
+        s2_move = Signal()
+        s2_free = ~s2_valid | s2_move
         s1_move = s1_valid & s2_free
         s1_free = ~s1_valid | s1_move
         idx_valid = Mux(la.lane, es_idx1.valid, es_idx.valid)
@@ -1272,9 +1293,19 @@ class UpdateEngine(wiring.Component):
         # port's same-cycle write. Inserts (and the INIT sweep) write at once; a drop (the
         # victim's entry, decided in the insert's cycle, or a flush invalidation) lands one
         # cycle later through the same port. That never meets an insert: an insert that drops
-        # a tag moves the manager to DROP for one cycle, and FL_CHK inserts nothing. Nothing
-        # uses a tag read from before a drop: in DROP, S2 re-reads its set (the read port
-        # bypasses the drop's write), and LOOK resumes the cycle after (FL_CHK then IDLE).
+        # a tag moves the manager to DROP for one cycle, and FL_CHK inserts nothing.
+        # The compare (S2) and the manager's decision (S3) are separate stages: in one cycle
+        # they were the block's deepest path (20 LUT levels in the device: a way's bypass
+        # register -> the 8 key compares -> hit or miss -> the insert's tag write -> every
+        # way's bypass compare against the read address, which itself followed the decision).
+        # So no compare result may be older than the tags: S2's set is read with every write
+        # up to its read's cycle; a write to S2's set after that marks it stale, and a stale
+        # S2 re-reads its set (the read port is its own then: S1 waits). S2 moves into S3 only
+        # when no write can land on its set in that cycle, judged from registers: S3 is not a
+        # miss on the same set, not a miss that may evict (its drop's set is known too late),
+        # and no drop lands on S2's set (``s2_hold``). A miss that evicts goes through DROP as
+        # before, and S2 moves into S3 during it, so that costs no cycle; a miss on S2's own
+        # set costs S2 two (the re-read).
         tag_wp = _TagWrite(TSB, W, entry.size)                # inserts (and the INIT sweep)
         tag_drop = _TagWrite(TSB, W, entry.size)              # invalidations (data ignored: 0)
         tag_rp = _TagRead(TSB, W * entry.size)
@@ -1295,27 +1326,48 @@ class UpdateEngine(wiring.Component):
             m.d.comb += way_r.addr.eq(tag_rp.addr)
             tag_rd_ways.append(way_r.data)
         m.d.comb += tag_rp.data.eq(Cat(*tag_rd_ways))
-        # S2 re-reads its own set while it waits (a miss rewrites tags meanwhile).
-        m.d.comb += tag_rp.addr.eq(Mux(s1_move, s1_set, s2_set))
+        # The read address comes from registers only (S1's set, or a stale S2's).
+        m.d.comb += tag_rp.addr.eq(Mux(s2_stale, s2_set, s1_set))
+        s2_tags = Signal(W * entry.size)        # S2's tag set, as read
+        s2_data = Signal(W * entry.size)
+        m.d.comb += s2_data.eq(Mux(s2_fresh, tag_rp.data, s2_tags))
+        m.d.sync += s2_tags.eq(s2_data)
+        s3_may_write = s3_valid & ~s3_hit & ((s3_set == s2_set) | (~s3_full & (fresh == nslots)))
+        s2_hold = s3_may_write | (drop_pending.any() & (drop_addr == s2_set))
+        m.d.comb += s2_move.eq(s2_valid & ~s2_stale & (~s3_valid | s3_done) & ~s2_hold)
+        write_s2_set = ((tag_wp.en.any() & (tag_wp.addr == s2_set))
+                        | (drop_pending.any() & (drop_addr == s2_set)))
         with m.If(s1_move):
             m.d.sync += [s2_valid.eq(1), s2_addr.eq(s1_addr), s2_set.eq(s1_set), s2_lines.eq(s1_lines),
-                         s2_gpos.eq(s1_gpos), s2_scale.eq(s1_scale), s2_mul.eq(s1_mul), s2_last.eq(s1_last)]
-        with m.Elif(s2_done):
-            m.d.sync += s2_valid.eq(0)
-        m.d.comb += look_empty.eq(~s1_valid & ~s2_valid & ~la_valid & (mstate == Mgr.LOOK))
+                         s2_gpos.eq(s1_gpos), s2_scale.eq(s1_scale), s2_mul.eq(s1_mul), s2_last.eq(s1_last),
+                         s2_fresh.eq(1), s2_stale.eq(0)]    # (the read bypassed this cycle's write)
+        with m.Elif(s2_move):
+            m.d.sync += [s2_valid.eq(0), s2_fresh.eq(0), s2_stale.eq(0)]
+        with m.Else():
+            # A stale S2 re-reads its set now (bypassing this cycle's write); otherwise a write
+            # to its set now makes what it holds stale.
+            m.d.sync += [s2_fresh.eq(s2_stale), s2_stale.eq(s2_valid & ~s2_stale & write_s2_set)]
+        m.d.comb += look_empty.eq(~s1_valid & ~s2_valid & ~s3_valid & ~la_valid & (mstate == Mgr.LOOK))
 
-        ways = [data.View(entry, tag_rp.data[w * entry.size:(w + 1) * entry.size]) for w in range(W)]
+        ways = [data.View(entry, s2_data[w * entry.size:(w + 1) * entry.size]) for w in range(W)]
         hit = Signal()
         hit_way = Signal(WB_)
         hit_slot = Signal(SB)
-        full = Signal()
         free_way = Signal(WB_)
         for w in reversed(range(W)):
             with m.If(ways[w].valid & (ways[w].key == s2_addr)):
                 m.d.comb += [hit.eq(1), hit_way.eq(w), hit_slot.eq(ways[w].slot)]
             with m.If(~ways[w].valid):
                 m.d.comb += free_way.eq(w)
-        m.d.comb += full.eq(Cat(*[w_.valid for w_ in ways]).all())
+        tw = Signal(W * entry.size)             # S3's tag set, as compared (a full set's ways)
+        with m.If(s2_move):
+            m.d.sync += [s3_valid.eq(1), s3_addr.eq(s2_addr), s3_set.eq(s2_set), s3_lines.eq(s2_lines),
+                         s3_gpos.eq(s2_gpos), s3_scale.eq(s2_scale), s3_mul.eq(s2_mul), s3_last.eq(s2_last),
+                         s3_hit.eq(hit), s3_hit_way.eq(hit_way), s3_hit_slot.eq(hit_slot),
+                         s3_full.eq(Cat(*[w_.valid for w_ in ways]).all()), s3_free_way.eq(free_way),
+                         tw.eq(s2_data)]
+        with m.Elif(s3_done):
+            m.d.sync += s3_valid.eq(0)
 
         # Slot state.
         slot_rec = data.StructLayout({"valid": 1, "ref": 1, "addr": 32, "lines": 5, "last_use": 32, "way": WB_})
@@ -1328,20 +1380,18 @@ class UpdateEngine(wiring.Component):
         slot_cp = slots.read_port(transparent_for=(slot_wp,))     # the cleaner's (a replica)
         dirty = Signal(SL)                      # per slot: a row that memory does not hold yet
 
-        # Occurrence push (hit in LOOK, or after a miss).
+        # Occurrence push (a hit in LOOK, or after a miss).
         push = Signal()
         push_slot = Signal(SB)
         orec = Signal(occ_rec)
-        m.d.comb += [orec.row_base.eq(push_slot << slot_shift), orec.lines.eq(s2_lines), orec.gpos.eq(s2_gpos),
-                     orec.scale.eq(s2_scale), orec.mul.eq(s2_mul), orec.bag_last.eq(s2_last),
+        m.d.comb += [orec.row_base.eq(push_slot << slot_shift), orec.lines.eq(s3_lines), orec.gpos.eq(s3_gpos),
+                     orec.scale.eq(s3_scale), orec.mul.eq(s3_mul), orec.bag_last.eq(s3_last),
                      occ_q.w_data.eq(orec), occ_q.w_en.eq(push)]
         with m.If(push):
             m.d.sync += seq.eq(seq + 1)
 
         hand = Signal(SB)
-        fresh = Signal(SB + 1)
         vway = Signal(WB_)
-        tw = Signal(W * entry.size)             # the missing key's tag set, as read
         rr = Signal(WB_)
         tw_way = data.View(entry, tw.word_select(rr, entry.size))     # the conflict candidate
         fs = Signal(SB + 1)
@@ -1470,14 +1520,14 @@ class UpdateEngine(wiring.Component):
             tag read before it). Callers check ``room``."""
             new = Signal(entry, name="new_entry")
             srec = Signal(slot_rec, name="new_slot")
-            m.d.comb += [new.valid.eq(1), new.key.eq(s2_addr), new.slot.eq(slot),
-                         tag_wp.addr.eq(s2_set), tag_wp.data.eq(Cat(*[new] * W)), tag_wp.en.eq(Const(1, W) << way),
-                         srec.valid.eq(1), srec.ref.eq(0), srec.addr.eq(s2_addr), srec.lines.eq(s2_lines),
+            m.d.comb += [new.valid.eq(1), new.key.eq(s3_addr), new.slot.eq(slot),
+                         tag_wp.addr.eq(s3_set), tag_wp.data.eq(Cat(*[new] * W)), tag_wp.en.eq(Const(1, W) << way),
+                         srec.valid.eq(1), srec.ref.eq(0), srec.addr.eq(s3_addr), srec.lines.eq(s3_lines),
                          srec.last_use.eq(seq), srec.way.eq(way),
                          slot_wp.addr.eq(slot), slot_wp.data.eq(srec), slot_wp.en.eq(1)]
-            m.d.comb += [miss_w.fill_base.eq(slot << slot_shift), miss_w.fill_addr.eq(s2_addr),
-                         miss_w.lines.eq(s2_lines), missq.w_en.eq(1),
-                         push.eq(1), push_slot.eq(slot), s2_done.eq(1),
+            m.d.comb += [miss_w.fill_base.eq(slot << slot_shift), miss_w.fill_addr.eq(s3_addr),
+                         miss_w.lines.eq(s3_lines), missq.w_en.eq(1),
+                         push.eq(1), push_slot.eq(slot), s3_done.eq(1),
                          ins_base.eq(slot << slot_shift), ins_clear.eq(1)]
             m.d.sync += [st_rows_read.eq(st_rows_read + 1), mstate.eq(then)]
 
@@ -1494,26 +1544,26 @@ class UpdateEngine(wiring.Component):
                 with m.If(flush_go):
                     m.d.comb += slot_rp.addr.eq(0)
                     m.d.sync += [fs.eq(0), abort_mode.eq(0), mstate.eq(Mgr.FL_CHK)]
-                with m.Elif(s2_valid & ~freeze):
-                    with m.If(hit):
+                with m.Elif(s3_valid & ~freeze):
+                    with m.If(s3_hit):
                         with m.If(occ_q.w_rdy):
                             hrec = Signal(slot_rec)
-                            m.d.comb += [push.eq(1), push_slot.eq(hit_slot), s2_done.eq(1),
-                                         hrec.valid.eq(1), hrec.ref.eq(1), hrec.addr.eq(s2_addr),
-                                         hrec.lines.eq(s2_lines), hrec.last_use.eq(seq), hrec.way.eq(hit_way),
-                                         slot_wp.addr.eq(hit_slot), slot_wp.data.eq(hrec), slot_wp.en.eq(1)]
-                    with m.Elif(full):
-                        m.d.sync += [tw.eq(tag_rp.data), mstate.eq(Mgr.CONF_RD)]
+                            m.d.comb += [push.eq(1), push_slot.eq(s3_hit_slot), s3_done.eq(1),
+                                         hrec.valid.eq(1), hrec.ref.eq(1), hrec.addr.eq(s3_addr),
+                                         hrec.lines.eq(s3_lines), hrec.last_use.eq(seq), hrec.way.eq(s3_hit_way),
+                                         slot_wp.addr.eq(s3_hit_slot), slot_wp.data.eq(hrec), slot_wp.en.eq(1)]
+                    with m.Elif(s3_full):
+                        m.d.sync += mstate.eq(Mgr.CONF_RD)
                     with m.Elif(fresh != nslots):
                         with m.If(room):
                             m.d.sync += fresh.eq(fresh + 1)
-                            insert(fresh[:SB], free_way)
+                            insert(fresh[:SB], s3_free_way)
                     with m.Elif(victim_at_hand & room):
                         evict(hand, rec, drop_tag=True)
-                        insert(hand, free_way, then=Mgr.DROP)
+                        insert(hand, s3_free_way, then=Mgr.DROP)
                         m.d.sync += hand.eq(hand_next)
                     with m.Else():
-                        m.d.sync += [vway.eq(free_way), mstate.eq(Mgr.CLOCK)]
+                        m.d.sync += [vway.eq(s3_free_way), mstate.eq(Mgr.CLOCK)]
             with m.Case(Mgr.CLOCK):
                 # CLOCK (second chance) over the slots; pinned slots are skipped.
                 with m.If(~at_hand | ~room):
@@ -1533,7 +1583,7 @@ class UpdateEngine(wiring.Component):
                     insert(hand, vway, then=Mgr.DROP)
                     m.d.sync += hand.eq(hand_next)
             with m.Case(Mgr.DROP):
-                m.d.sync += mstate.eq(Mgr.LOOK)     # S2 re-reads its set now, past the drop
+                m.d.sync += mstate.eq(Mgr.LOOK)     # the drop lands now (S2 waits if on its set)
             with m.Case(Mgr.CONF_RD):
                 # The missing row's tag set is full: evict one of its rows and reuse the way.
                 m.d.comb += slot_rp.addr.eq(tw_way.slot)
@@ -1639,7 +1689,8 @@ class UpdateEngine(wiring.Component):
         with m.Else():
             m.d.sync += dirty.eq((dirty & ~dirty_clr) | dirty_set)
         with m.If(clr):
-            m.d.sync += [s1_valid.eq(0), s2_valid.eq(0), la_valid.eq(0), seq.eq(0), rr.eq(0), me_valid.eq(0)]
+            m.d.sync += [s1_valid.eq(0), s2_valid.eq(0), s2_stale.eq(0), s3_valid.eq(0), la_valid.eq(0), seq.eq(0),
+                         rr.eq(0), me_valid.eq(0)]
 
         # ---------------------------------------------------------------- datapath --
         # MUL front: c = g * scale into the contribution ring (WEIGHTED_SUM, MEAN); SUM
