@@ -29,8 +29,9 @@ Structure
 - ACQUIRE (host -> device bias for a line of the device's own memory): RdOwnNoData,
   finished by the host's MemRdFwd on CXL.mem (``fwd``, Tag = CQID); a Fwd matching no live
   ACQUIRE is counted (``unexpected_fwd``) and dropped.
-- Snoops, one at a time: a hit answers from the line's state (M: *FwdM + data; E/S:
-  RspIHitSE / RspSHitSE; SnpCur: RspVHitV / RspVFwdV) and downgrades it; a line between its
+- Snoops, one at a time: a hit answers from the line's state (M: *FwdM + data, the data
+  queued a cycle after the response; E/S: RspIHitSE / RspSHitSE; SnpCur: RspVHitV /
+  RspVFwdV) and downgrades it; a line between its
   evict request and the host's pull answers from the evict tracker and marks the later
   pull data Bogus if the snoop changed its state; anything else answers RspIHitI. A snoop
   to a line whose GO has arrived but whose fill has not landed waits for the fill (a few
@@ -513,8 +514,7 @@ class CxlCacheAgent(wiring.Component):
         m.d.comb += s_wait.eq(go_now | Cat(t_valid[i] & t_fill[i] & t_got_go[i] & (t_addr[i] == snp.addr)
                                            for i in range(n)).any())
         s_ev_state = Signal(Mesi)
-        m.d.comb += [s_ev_state.eq(one_hot_select(ev_match, [t_evstate[i] for i in range(n)])),
-                     t_rd_snp.addr.eq(s_ev)]
+        m.d.comb += s_ev_state.eq(one_hot_select(ev_match, [t_evstate[i] for i in range(n)]))
         held = Signal(Mesi)        # the state the snooped line is held in, wherever it is
         m.d.comb += held.eq(Mux(s_hit, s_state, Mux(s_ev_hit, s_ev_state, Mesi.I)))
 
@@ -549,16 +549,33 @@ class CxlCacheAgent(wiring.Component):
             with m.Default():          # reserved opcodes: RspIHitI, no data, no change
                 m.d.comb += [s_rsp.eq(DRsp.RSP_I_HIT_I), s_rsvd.eq(1)]
 
-        s_go = self.h2d_req.valid & ~s_wait & rsp_q.w_rdy & fwd_q.w_rdy
+        # The forwarded line enters fwd_q one cycle after the snoop's handshake, read with
+        # registers: reading the evicted line's buffer at the tracker match's one-hot index in
+        # the handshake's cycle was a 16-LUT-level path (a tracker's address -> the 64-way
+        # match -> the index -> the LUT RAM read -> fwd_q). The cache's line is registered at
+        # the handshake; the tracker's buffer is read a cycle later, when it still holds the
+        # line (only an allocation writes it, and a CQID freed at the handshake is allocated
+        # again at the earliest in the next cycle, its write landing after that cycle's read).
+        fwd_pend = Signal()                 # a forward to write into fwd_q this cycle
+        fwd_from_cache = Signal()
+        fwd_line = Signal(LINE_BITS)        # the cache's line, as read last cycle
+        fwd_ev = Signal(nb or 1)
+        fwd_uqid = Signal.like(snp.uqid)
+        # Room for this snoop's forward and the one still to be written.
+        fwd_room = Mux(fwd_pend, fwd_q.level < fwd_q.depth - 1, fwd_q.w_rdy)
+        s_go = self.h2d_req.valid & ~s_wait & rsp_q.w_rdy & fwd_room
         m.d.comb += self.h2d_req.ready.eq(s_go)
+        m.d.sync += [fwd_pend.eq(s_go & s_fwd), fwd_from_cache.eq(s_hit), fwd_line.eq(c_rd_snp.data),
+                     fwd_ev.eq(s_ev), fwd_uqid.eq(snp.uqid)]
         s_rsp_word = Signal(D2HRsp)
         s_fwd_word = Signal(D2HData)
         m.d.comb += [
             s_rsp_word.opcode.eq(s_rsp), s_rsp_word.uqid.eq(snp.uqid),
             rsp_q.w_data.eq(s_rsp_word), rsp_q.w_en.eq(s_go),
-            s_fwd_word.uqid.eq(snp.uqid), s_fwd_word.chunk_valid.eq(1),
-            s_fwd_word.data.eq(Mux(s_hit, c_rd_snp.data, t_rd_snp.data)),
-            fwd_q.w_data.eq(s_fwd_word), fwd_q.w_en.eq(s_go & s_fwd),
+            t_rd_snp.addr.eq(fwd_ev),
+            s_fwd_word.uqid.eq(fwd_uqid), s_fwd_word.chunk_valid.eq(1),
+            s_fwd_word.data.eq(Mux(fwd_from_cache, fwd_line, t_rd_snp.data)),
+            fwd_q.w_data.eq(s_fwd_word), fwd_q.w_en.eq(fwd_pend),
         ]
         with m.If(s_go):
             m.d.comb += [ev.snoop.eq(1), ev.snoop_hit.eq((held != Mesi.I) & ~s_rsvd),
