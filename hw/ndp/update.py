@@ -235,6 +235,8 @@ hw/mem/port.py (read-after-write per line, writes to a line in order).
 from __future__ import annotations
 
 import enum
+import functools
+import operator
 from types import SimpleNamespace
 
 from amaranth import Cat, Const, Elaboratable, Module, Mux, ResetInserter, Signal, Value
@@ -617,21 +619,22 @@ class UpdateEngine(wiring.Component):
         m.d.comb += [take.eq(~out_valid | req.ready), req.valid.eq(out_valid)]
         granted = Signal()
         g_write = Signal()
+        mines = []
         for i, src in enumerate(sources):
-            higher = [s.valid for s in sources[:i]]
-            mine = src.valid & ~freeze
-            for h in higher:
-                mine = mine & ~h
-            m.d.comb += src.ready.eq(take & mine)
-            with m.If(mine):
-                m.d.comb += granted.eq(1)
-                m.d.comb += g_write.eq(src.write)
-                with m.If(take):
-                    m.d.sync += [req.payload.write.eq(src.write), req.payload.addr.eq(src.addr),
-                                 req.payload.data.eq(src.data), req.payload.ctx.eq(src.ctx)]
-        m.d.comb += [req.payload.strb.eq(Const((1 << 64) - 1, 64)), req.payload.poison.eq(0)]
+            mine = Signal(name=f"src{i}_granted")
+            higher = Cat(*[s.valid for s in sources[:i]]).any() if i else Const(0)
+            m.d.comb += [mine.eq(src.valid & ~freeze & ~higher), src.ready.eq(take & mine)]
+            mines.append(mine)
+        # The grants are one-hot, so the request register takes an AND-OR of the sources (a
+        # chain of muxes in priority order stood in front of it: 15 LUT levels from the
+        # write-back's line counter in the device).
+        def granted_or(field):
+            return functools.reduce(operator.or_, [Mux(g, getattr(s, field), 0) for g, s in zip(mines, sources)])
+        m.d.comb += [granted.eq(Cat(*mines).any()), g_write.eq(granted_or("write"))]
         with m.If(take):
-            m.d.sync += out_valid.eq(granted)
+            m.d.sync += [out_valid.eq(granted), req.payload.write.eq(g_write), req.payload.addr.eq(granted_or("addr")),
+                         req.payload.data.eq(granted_or("data")), req.payload.ctx.eq(granted_or("ctx"))]
+        m.d.comb += [req.payload.strb.eq(Const((1 << 64) - 1, 64)), req.payload.poison.eq(0)]
         issued_rd = Signal()
         issued_wr = Signal()
         m.d.comb += [issued_rd.eq(take & granted & ~g_write), issued_wr.eq(take & granted & g_write)]
@@ -1240,6 +1243,8 @@ class UpdateEngine(wiring.Component):
         s3_full = Signal()
         s3_free_way = Signal(WB_)
         s3_done = Signal()
+        ins_way = Signal(WB_)                   # where this cycle's insert puts its row
+        ins_slot = Signal(SB)
         fresh = Signal(SB + 1)                  # slots never used in this batch start here
         mstate = Signal(Mgr)
         look_run = Signal()
@@ -1303,9 +1308,12 @@ class UpdateEngine(wiring.Component):
         # S2 re-reads its set (the read port is its own then: S1 waits). S2 moves into S3 only
         # when no write can land on its set in that cycle, judged from registers: S3 is not a
         # miss on the same set, not a miss that may evict (its drop's set is known too late),
-        # and no drop lands on S2's set (``s2_hold``). A miss that evicts goes through DROP as
-        # before, and S2 moves into S3 during it, so that costs no cycle; a miss on S2's own
-        # set costs S2 two (the re-read).
+        # and no drop lands on S2's set (``s2_hold``). One exception keeps a row that recurs
+        # at once as fast as before: when S3 is a miss for S2's own row, S2 moves in the cycle
+        # S3 inserts it and takes the insert's way and slot as its hit (the insert's drop, if
+        # any, is another row's entry, never the way just filled). A miss that evicts goes
+        # through DROP as before, and S2 moves into S3 during it, so that costs no cycle; a
+        # miss on S2's set for another row costs S2 two (the re-read).
         tag_wp = _TagWrite(TSB, W, entry.size)                # inserts (and the INIT sweep)
         tag_drop = _TagWrite(TSB, W, entry.size)              # invalidations (data ignored: 0)
         tag_rp = _TagRead(TSB, W * entry.size)
@@ -1333,7 +1341,9 @@ class UpdateEngine(wiring.Component):
         m.d.comb += s2_data.eq(Mux(s2_fresh, tag_rp.data, s2_tags))
         m.d.sync += s2_tags.eq(s2_data)
         s3_may_write = s3_valid & ~s3_hit & ((s3_set == s2_set) | (~s3_full & (fresh == nslots)))
-        s2_hold = s3_may_write | (drop_pending.any() & (drop_addr == s2_set))
+        same_row = Signal()                     # S3 is a miss for S2's row (registers only)
+        m.d.comb += same_row.eq(s3_valid & ~s3_hit & (s3_addr == s2_addr))
+        s2_hold = (s3_may_write & ~same_row) | (drop_pending.any() & (drop_addr == s2_set))
         m.d.comb += s2_move.eq(s2_valid & ~s2_stale & (~s3_valid | s3_done) & ~s2_hold)
         write_s2_set = ((tag_wp.en.any() & (tag_wp.addr == s2_set))
                         | (drop_pending.any() & (drop_addr == s2_set)))
@@ -1363,7 +1373,8 @@ class UpdateEngine(wiring.Component):
         with m.If(s2_move):
             m.d.sync += [s3_valid.eq(1), s3_addr.eq(s2_addr), s3_set.eq(s2_set), s3_lines.eq(s2_lines),
                          s3_gpos.eq(s2_gpos), s3_scale.eq(s2_scale), s3_mul.eq(s2_mul), s3_last.eq(s2_last),
-                         s3_hit.eq(hit), s3_hit_way.eq(hit_way), s3_hit_slot.eq(hit_slot),
+                         s3_hit.eq(hit | same_row), s3_hit_way.eq(Mux(same_row, ins_way, hit_way)),
+                         s3_hit_slot.eq(Mux(same_row, ins_slot, hit_slot)),
                          s3_full.eq(Cat(*[w_.valid for w_ in ways]).all()), s3_free_way.eq(free_way),
                          tw.eq(s2_data)]
         with m.Elif(s3_done):
@@ -1422,7 +1433,7 @@ class UpdateEngine(wiring.Component):
         with m.If(wb_en):
             m.d.sync += wb_bank.eq(wb_line[0])
         wb_have = Signal()                      # a read line waits on the port
-        wb_pk = Signal(5)
+        wb_paddr = Signal(32)                   # the address of the line waiting on the port
         wb_acc = Signal()
         wb_read = Signal()
         wb_issuing = Signal()                   # write-back requests still to be accepted
@@ -1433,7 +1444,7 @@ class UpdateEngine(wiring.Component):
             wb_line.eq(wb_base | wb_k), wb_en.eq(wb_read),
         ]
         with m.If(wb_read):
-            m.d.sync += [wb_k.eq(wb_k + 1), wb_have.eq(1), wb_pk.eq(wb_k)]
+            m.d.sync += [wb_k.eq(wb_k + 1), wb_have.eq(1), wb_paddr.eq(wb_addr + wb_k)]
         with m.Elif(wb_acc):
             m.d.sync += wb_have.eq(0)
         with m.If(wb_active & (wb_k == wb_lines) & (~wb_have | wb_acc)):
@@ -1473,6 +1484,7 @@ class UpdateEngine(wiring.Component):
         me = Signal(miss_rec)
         me_wb = Signal()                        # ... its write-back not started yet
         me_k = Signal(5)                        # ... fill lines issued
+        me_addr = Signal(32)                    # ... the next fill line's address
         fill_valid = Signal()
         me_finish = Signal()
         m.d.comb += [
@@ -1481,9 +1493,10 @@ class UpdateEngine(wiring.Component):
             missq.r_en.eq((~me_valid | me_finish) & ~freeze),
         ]
         with m.If(fill_valid & src_look.ready):
-            m.d.sync += me_k.eq(me_k + 1)
+            m.d.sync += [me_k.eq(me_k + 1), me_addr.eq(me_addr + 1)]
         with m.If(missq.r_en & missq.r_rdy):     # (after: a new miss starts at line 0)
-            m.d.sync += [me.eq(missq.r_data), me_valid.eq(1), me_wb.eq(missq.r_data[0]), me_k.eq(0)]
+            m.d.sync += [me.eq(missq.r_data), me_valid.eq(1), me_wb.eq(missq.r_data[0]), me_k.eq(0),
+                         me_addr.eq(data.View(miss_rec, missq.r_data).fill_addr)]
         with m.Elif(me_finish):
             m.d.sync += me_valid.eq(0)
         # The victim's write-back goes first (the write-back machine reads it out of the slot
@@ -1499,7 +1512,7 @@ class UpdateEngine(wiring.Component):
         m.d.comb += [
             src_look.valid.eq(wb_have | fill_valid),
             src_look.write.eq(wb_have),
-            src_look.addr.eq(Mux(wb_have, wb_addr + wb_pk, me.fill_addr + me_k)),
+            src_look.addr.eq(Mux(wb_have, wb_paddr, me_addr)),     # (registers: no adder on the port's path)
             src_look.data.eq(Mux(wb_bank, banks[1]["wb"].data, banks[0]["wb"].data)),
             src_look.ctx.eq(Mux(wb_have, ctx_of(Kind.WB, 0), ctx_of(Kind.ROW, fill_line))),
         ]
@@ -1528,7 +1541,7 @@ class UpdateEngine(wiring.Component):
             m.d.comb += [miss_w.fill_base.eq(slot << slot_shift), miss_w.fill_addr.eq(s3_addr),
                          miss_w.lines.eq(s3_lines), missq.w_en.eq(1),
                          push.eq(1), push_slot.eq(slot), s3_done.eq(1),
-                         ins_base.eq(slot << slot_shift), ins_clear.eq(1)]
+                         ins_base.eq(slot << slot_shift), ins_clear.eq(1), ins_way.eq(way), ins_slot.eq(slot)]
             m.d.sync += [st_rows_read.eq(st_rows_read + 1), mstate.eq(then)]
 
         # slot_rp.data is slot[hand] whenever the previous cycle presented ``hand`` (the
