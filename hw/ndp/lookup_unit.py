@@ -113,12 +113,21 @@ class LookupUnit(wiring.Component):
             meta_w.data.first.eq(item.first | (item.kind == ItemKind.EMPTY)),
             meta_w.data.last.eq(item.last | (item.kind == ItemKind.EMPTY)),
             meta_w.data.mode.eq(item.mode), meta_w.data.length.eq(item.length),
-            meta_w.data.weight.eq(item.weight), meta_w.data.out_line.eq(item.out_line + k),
+            meta_w.data.weight.eq(item.weight),
         ]
         row_done = Signal()
         m.d.comb += row_done.eq((item.kind == ItemKind.ABORT) | (k + 1 == item.dim_lines))
+        # A row's line k > 0 is read at (and written out to) the address after line k - 1's,
+        # kept in registers: an adder after the context's item mux stood in front of the
+        # memory port's request (16 LUT levels, the item buffer -> the port's skid buffer).
+        # Inside a row the item does not change (the context stays until the row is done).
+        row_line_next = Signal.like(item.row_line)
+        out_line_next = Signal.like(item.out_line)
+        row_line = Mux(k == 0, item.row_line, row_line_next)
+        out_line = Mux(k == 0, item.out_line, out_line_next)
+        m.d.comb += meta_w.data.out_line.eq(out_line)
         with m.If(alloc):
-            m.d.sync += tail.eq(tail + 1)
+            m.d.sync += [tail.eq(tail + 1), row_line_next.eq(row_line + 1), out_line_next.eq(out_line + 1)]
             with m.If(row_done):
                 m.d.sync += [k.eq(0), sel.eq(~ctx_now)]
                 with m.If(ctx_now):
@@ -249,7 +258,7 @@ class LookupUnit(wiring.Component):
         m.d.comb += [
             req.valid.eq(write_req | read_req),
             req.payload.write.eq(write_req),
-            req.payload.addr.eq(Mux(write_req, head_tag.out_line, item.row_line + k)),
+            req.payload.addr.eq(Mux(write_req, head_tag.out_line, row_line)),
             req.payload.strb.eq(Const((1 << LINE_BYTES) - 1, LINE_BYTES)),
             req.payload.data.eq(out_data),
             req.payload.ctx.eq(tail[:sb]),
