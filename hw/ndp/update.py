@@ -1162,7 +1162,9 @@ class UpdateEngine(wiring.Component):
                 blen = Signal(32)
                 m.d.comb += blen.eq(end - prev_off)
                 with m.If(off_valid & ~freeze):
-                    with m.If(blen == 0):
+                    # (an equality, not blen == 0: the subtract's carry chain stood between
+                    # the offsets stream's element mux and its ready, 19 LUT levels)
+                    with m.If(end == prev_off):
                         m.d.comb += off_ready.eq(1)
                         for j in range(2):
                             with m.If(cl == j):
@@ -1249,6 +1251,11 @@ class UpdateEngine(wiring.Component):
         mstate = Signal(Mgr)
         look_run = Signal()
         m.d.comb += look_run.eq(mstate == Mgr.LOOK)
+        # S0 also takes occurrences while the manager works on S3's miss (CLOCK, CONF, DROP):
+        # S1 and S2 move on during DROP, and an S1 left empty then was a bubble after every
+        # evicting miss (rm1 b64 UPDATE +1,400 cycles).
+        look_feed = Signal()
+        m.d.comb += look_feed.eq((mstate != Mgr.IDLE) & (mstate != Mgr.FL_CHK))
 
         has_w = cmd.flags.has_weights
         s2_move = Signal()
@@ -1263,7 +1270,7 @@ class UpdateEngine(wiring.Component):
         occ_avail = (la_valid & idx_valid & (~has_w | w_valid)
                      & (val_ok | (Mux(la.lane, idx_pos[1], idx_pos[0]) < val_pos)))
         s0_take = Signal()
-        m.d.comb += [s0_take.eq(occ_avail & s1_free & look_run & ~freeze),
+        m.d.comb += [s0_take.eq(occ_avail & s1_free & look_feed & ~freeze),
                      es_idx.ready.eq(s0_take & ~la.lane), es_w.ready.eq(s0_take & has_w & ~la.lane),
                      es_idx1.ready.eq(s0_take & la.lane), es_w1.ready.eq(s0_take & has_w & la.lane)]
         m.d.comb += [bag_pop.eq(bag_fifo.r_en & bag_fifo.r_rdy),
