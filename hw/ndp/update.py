@@ -1214,31 +1214,18 @@ class UpdateEngine(wiring.Component):
         la = Signal(bag_rec)
         la_inv = Signal(32)
 
+        # An occurrence on its way through S1-S3: its row address and tag set (from S2 on),
+        # and what its occurrence record carries.
+        stage_rec = data.StructLayout({"addr": 32, "set": TSB, "lines": 5, "gpos": GB, "scale": 32,
+                                       "mul": 1, "last": 1})
         s1_valid = Signal()
-        s1_addr = Signal(32)
-        s1_lines = Signal(5)
-        s1_gpos = Signal(GB)
-        s1_scale = Signal(32)
-        s1_mul = Signal()
-        s1_last = Signal()
+        s1 = Signal(stage_rec)
         s2_valid = Signal()
-        s2_addr = Signal(32)
-        s2_set = Signal(TSB)
-        s2_lines = Signal(5)
-        s2_gpos = Signal(GB)
-        s2_scale = Signal(32)
-        s2_mul = Signal()
-        s2_last = Signal()
+        s2 = Signal(stage_rec)
         s2_fresh = Signal()                     # S2's tag set is at the read port (else s2_tags)
         s2_stale = Signal()                     # a tag write hit S2's set after its read: re-read
         s3_valid = Signal()
-        s3_addr = Signal(32)
-        s3_set = Signal(TSB)
-        s3_lines = Signal(5)
-        s3_gpos = Signal(GB)
-        s3_scale = Signal(32)
-        s3_mul = Signal()
-        s3_last = Signal()
+        s3 = Signal(stage_rec)
         s3_hit = Signal()                       # S2's compare, registered
         s3_hit_way = Signal(WB_)
         s3_hit_slot = Signal(SB)
@@ -1288,18 +1275,18 @@ class UpdateEngine(wiring.Component):
         with m.If(s0_take):
             m.d.sync += [
                 s1_valid.eq(1),
-                s1_addr.eq(la.base + idx_data * la.lines),
-                s1_lines.eq(la.lines), s1_gpos.eq(la.gpos),
-                s1_scale.eq(Mux(la.mode == PoolMode.MEAN, la_inv,
+                s1.addr.eq(la.base + idx_data * la.lines),
+                s1.lines.eq(la.lines), s1.gpos.eq(la.gpos),
+                s1.scale.eq(Mux(la.mode == PoolMode.MEAN, la_inv,
                                 Mux(la.mode == PoolMode.WEIGHTED_SUM, w_data, ONE))),
-                s1_mul.eq(la.mode != PoolMode.SUM),
-                s1_last.eq(la_left == 1),
+                s1.mul.eq(la.mode != PoolMode.SUM),
+                s1.last.eq(la_left == 1),
             ]
         with m.Elif(s1_move):
             m.d.sync += s1_valid.eq(0)
 
         s1_set = Signal(TSB)
-        m.d.comb += s1_set.eq(_hash(s1_addr, TSB, 0x9E3779B1))
+        m.d.comb += s1_set.eq(_hash(s1.addr, TSB, 0x9E3779B1))
         entry = data.StructLayout({"valid": 1, "key": 32, "slot": SB})
         # The tag store: one block RAM per way, one write port each, read with a bypass of that
         # port's same-cycle write. Inserts (and the INIT sweep) write at once; a drop (the
@@ -1342,21 +1329,20 @@ class UpdateEngine(wiring.Component):
             tag_rd_ways.append(way_r.data)
         m.d.comb += tag_rp.data.eq(Cat(*tag_rd_ways))
         # The read address comes from registers only (S1's set, or a stale S2's).
-        m.d.comb += tag_rp.addr.eq(Mux(s2_stale, s2_set, s1_set))
+        m.d.comb += tag_rp.addr.eq(Mux(s2_stale, s2.set, s1_set))
         s2_tags = Signal(W * entry.size)        # S2's tag set, as read
         s2_data = Signal(W * entry.size)
         m.d.comb += s2_data.eq(Mux(s2_fresh, tag_rp.data, s2_tags))
         m.d.sync += s2_tags.eq(s2_data)
-        s3_may_write = s3_valid & ~s3_hit & ((s3_set == s2_set) | (~s3_full & (fresh == nslots)))
+        s3_may_write = s3_valid & ~s3_hit & ((s3.set == s2.set) | (~s3_full & (fresh == nslots)))
         same_row = Signal()                     # S3 is a miss for S2's row (registers only)
-        m.d.comb += same_row.eq(s3_valid & ~s3_hit & (s3_addr == s2_addr))
-        s2_hold = (s3_may_write & ~same_row) | (drop_pending.any() & (drop_addr == s2_set))
+        m.d.comb += same_row.eq(s3_valid & ~s3_hit & (s3.addr == s2.addr))
+        s2_hold = (s3_may_write & ~same_row) | (drop_pending.any() & (drop_addr == s2.set))
         m.d.comb += s2_move.eq(s2_valid & ~s2_stale & (~s3_valid | s3_done) & ~s2_hold)
-        write_s2_set = ((tag_wp.en.any() & (tag_wp.addr == s2_set))
-                        | (drop_pending.any() & (drop_addr == s2_set)))
+        write_s2_set = ((tag_wp.en.any() & (tag_wp.addr == s2.set))
+                        | (drop_pending.any() & (drop_addr == s2.set)))
         with m.If(s1_move):
-            m.d.sync += [s2_valid.eq(1), s2_addr.eq(s1_addr), s2_set.eq(s1_set), s2_lines.eq(s1_lines),
-                         s2_gpos.eq(s1_gpos), s2_scale.eq(s1_scale), s2_mul.eq(s1_mul), s2_last.eq(s1_last),
+            m.d.sync += [s2_valid.eq(1), s2.eq(s1), s2.set.eq(s1_set),
                          s2_fresh.eq(1), s2_stale.eq(0)]    # (the read bypassed this cycle's write)
         with m.Elif(s2_move):
             m.d.sync += [s2_valid.eq(0), s2_fresh.eq(0), s2_stale.eq(0)]
@@ -1372,14 +1358,13 @@ class UpdateEngine(wiring.Component):
         hit_slot = Signal(SB)
         free_way = Signal(WB_)
         for w in reversed(range(W)):
-            with m.If(ways[w].valid & (ways[w].key == s2_addr)):
+            with m.If(ways[w].valid & (ways[w].key == s2.addr)):
                 m.d.comb += [hit.eq(1), hit_way.eq(w), hit_slot.eq(ways[w].slot)]
             with m.If(~ways[w].valid):
                 m.d.comb += free_way.eq(w)
         tw = Signal(W * entry.size)             # S3's tag set, as compared (a full set's ways)
         with m.If(s2_move):
-            m.d.sync += [s3_valid.eq(1), s3_addr.eq(s2_addr), s3_set.eq(s2_set), s3_lines.eq(s2_lines),
-                         s3_gpos.eq(s2_gpos), s3_scale.eq(s2_scale), s3_mul.eq(s2_mul), s3_last.eq(s2_last),
+            m.d.sync += [s3_valid.eq(1), s3.eq(s2),
                          s3_hit.eq(hit | same_row), s3_hit_way.eq(Mux(same_row, ins_way, hit_way)),
                          s3_hit_slot.eq(Mux(same_row, ins_slot, hit_slot)),
                          s3_full.eq(Cat(*[w_.valid for w_ in ways]).all()), s3_free_way.eq(free_way),
@@ -1402,8 +1387,8 @@ class UpdateEngine(wiring.Component):
         push = Signal()
         push_slot = Signal(SB)
         orec = Signal(occ_rec)
-        m.d.comb += [orec.row_base.eq(push_slot << slot_shift), orec.lines.eq(s3_lines), orec.gpos.eq(s3_gpos),
-                     orec.scale.eq(s3_scale), orec.mul.eq(s3_mul), orec.bag_last.eq(s3_last),
+        m.d.comb += [orec.row_base.eq(push_slot << slot_shift), orec.lines.eq(s3.lines), orec.gpos.eq(s3.gpos),
+                     orec.scale.eq(s3.scale), orec.mul.eq(s3.mul), orec.bag_last.eq(s3.last),
                      occ_q.w_data.eq(orec), occ_q.w_en.eq(push)]
         with m.If(push):
             m.d.sync += seq.eq(seq + 1)
@@ -1540,13 +1525,13 @@ class UpdateEngine(wiring.Component):
             tag read before it). Callers check ``room``."""
             new = Signal(entry, name="new_entry")
             srec = Signal(slot_rec, name="new_slot")
-            m.d.comb += [new.valid.eq(1), new.key.eq(s3_addr), new.slot.eq(slot),
-                         tag_wp.addr.eq(s3_set), tag_wp.data.eq(Cat(*[new] * W)), tag_wp.en.eq(Const(1, W) << way),
-                         srec.valid.eq(1), srec.ref.eq(0), srec.addr.eq(s3_addr), srec.lines.eq(s3_lines),
+            m.d.comb += [new.valid.eq(1), new.key.eq(s3.addr), new.slot.eq(slot),
+                         tag_wp.addr.eq(s3.set), tag_wp.data.eq(Cat(*[new] * W)), tag_wp.en.eq(Const(1, W) << way),
+                         srec.valid.eq(1), srec.ref.eq(0), srec.addr.eq(s3.addr), srec.lines.eq(s3.lines),
                          srec.last_use.eq(seq), srec.way.eq(way),
                          slot_wp.addr.eq(slot), slot_wp.data.eq(srec), slot_wp.en.eq(1)]
-            m.d.comb += [miss_w.fill_base.eq(slot << slot_shift), miss_w.fill_addr.eq(s3_addr),
-                         miss_w.lines.eq(s3_lines), missq.w_en.eq(1),
+            m.d.comb += [miss_w.fill_base.eq(slot << slot_shift), miss_w.fill_addr.eq(s3.addr),
+                         miss_w.lines.eq(s3.lines), missq.w_en.eq(1),
                          push.eq(1), push_slot.eq(slot), s3_done.eq(1),
                          ins_base.eq(slot << slot_shift), ins_clear.eq(1), ins_way.eq(way), ins_slot.eq(slot)]
             m.d.sync += [st_rows_read.eq(st_rows_read + 1), mstate.eq(then)]
@@ -1569,8 +1554,8 @@ class UpdateEngine(wiring.Component):
                         with m.If(occ_q.w_rdy):
                             hrec = Signal(slot_rec)
                             m.d.comb += [push.eq(1), push_slot.eq(s3_hit_slot), s3_done.eq(1),
-                                         hrec.valid.eq(1), hrec.ref.eq(1), hrec.addr.eq(s3_addr),
-                                         hrec.lines.eq(s3_lines), hrec.last_use.eq(seq), hrec.way.eq(s3_hit_way),
+                                         hrec.valid.eq(1), hrec.ref.eq(1), hrec.addr.eq(s3.addr),
+                                         hrec.lines.eq(s3.lines), hrec.last_use.eq(seq), hrec.way.eq(s3_hit_way),
                                          slot_wp.addr.eq(s3_hit_slot), slot_wp.data.eq(hrec), slot_wp.en.eq(1)]
                     with m.Elif(s3_full):
                         m.d.sync += mstate.eq(Mgr.CONF_RD)
