@@ -110,6 +110,11 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
+# The digest of the sources this process has loaded (hw.top and everything it imports are
+# imported above, before this line).
+LOADED_DIGEST = source_digest()
+
+
 def build_harness(config: DeviceConfig) -> pathlib.Path:
     """Generate and compile the harness for ``config``; returns the build folder.
 
@@ -120,7 +125,14 @@ def build_harness(config: DeviceConfig) -> pathlib.Path:
     vdir = runner.BUILD / "sim" / "src" / name
     vdir.mkdir(parents=True, exist_ok=True)
     vfile, stamp = vdir / f"{TOPLEVEL}.v", vdir / "source.sha1"
-    digest = source_digest()
+    # The Verilog comes from the hw/ modules this process imported, so it is stamped with
+    # their digest as loaded, not with the files' digest now: a long test session whose hw/
+    # files were edited after it started stamped its stale Verilog with the new digest, and
+    # every later process reused it.
+    digest = LOADED_DIGEST
+    if source_digest() != digest:
+        warnings.warn("hw/ changed since this process imported it: the harness Verilog is "
+                      "generated from the code as loaded", stacklevel=2)
     with runner.build_lock(vdir):   # another worker may be writing the same file
         if not (vfile.exists() and stamp.exists() and stamp.read_text() == digest):
             text = verilog.convert(DeviceHarness(config), name=TOPLEVEL, emit_src=False)
