@@ -114,12 +114,12 @@ class TrainingCxlDevice(wiring.Component):
                                       ctx_bits=shared_ctx,
                                       input_stage=["skid" if c == "cxl_mem" else "slice" for c in SHARED_PORT_CLIENTS])
         # Interleaver port 1 the same way (23 levels in the device: lookup unit 0's request
-        # through the merge's grant into UPDATE's gradient ready and its bag stage): unit 0
-        # through a skid buffer (0 cycles, as the other units' direct ports), UPDATE's
-        # gradient reads through a register slice.
+        # through the merge's grant into UPDATE's gradient ready and its bag stage): both
+        # through register slices (1 cycle). Unit 0 went through a skid buffer (0 cycles)
+        # until its issue logic's valid, passed through, was 16 levels into the port's stages.
         self._unit0_port = MemPortArbiter(clients=2, addr_bits=config.addr_bits,
                                           ctx_bits=max(self._lookup.unit_ctx_bits, self._update.ctx_bits),
-                                          input_stage=("skid", "slice"))
+                                          input_stage=("slice", "slice"))
         self._mem = MemoryInterleaver(
             channels=config.channels, addr_bits=config.addr_bits,
             ctx_bits=max(shared_ctx + self._shared.client_bits, self._lookup.unit_ctx_bits,
