@@ -119,7 +119,8 @@ def build_harness(config: DeviceConfig) -> pathlib.Path:
     """Generate and compile the harness for ``config``; returns the build folder.
 
     The Verilog (about 40 s of Amaranth conversion) is generated again only when
-    ``source_digest()`` differs from the one stamped next to it; Verilator's make then
+    ``LOADED_DIGEST`` (the sources as this process imported them) differs from the one
+    stamped next to it; Verilator's make then
     rebuilds only when the Verilog changed. Next to it, ``ports.vlt`` (``ports_control_file``)."""
     name = f"harness-{config_key(config)}"
     vdir = runner.BUILD / "sim" / "src" / name
