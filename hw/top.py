@@ -266,12 +266,15 @@ class TrainingCxlDevice(wiring.Component):
             # Flips to host bias: by a host access (the target) or by CSR (the engine).
             csr.stat_bias_to_host_inc.eq(tgt.events.bias_to_host | bias.events.to_host),
         ]
-        # Counters and status.
+        # Counters and status. The targets' and the agent's event pulses reach their counters a
+        # cycle later, registered: an event is decided at the end of a deep path (the agent's
+        # tracker match -> its eviction verdict), and the counter's saturating increment after
+        # it was the CSR block's deepest path (15 LUT levels in the device).
         ev = tgt.events
         for event, port in EVENT_COUNTERS.items():
-            m.d.comb += getattr(csr, port).eq(getattr(ev, event))
+            m.d.sync += getattr(csr, port).eq(getattr(ev, event))
         for event, port in CACHE_EVENT_COUNTERS.items():
-            m.d.comb += getattr(csr, port).eq(getattr(agent.events, event))
+            m.d.sync += getattr(csr, port).eq(getattr(agent.events, event))
         # The first illegal CXL.cache host message (CACHE_STRAY_INFO; VALID re-arms the capture).
         info = agent.stray_info
         for name in ("qid", "opcode", "go_state", "kind", "reason"):
