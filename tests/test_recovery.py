@@ -14,6 +14,7 @@ import zlib
 import pytest
 from amaranth.sim import Simulator
 
+from hw.checkpoint.crc import crc32_data_part, crc32_register_update
 from hw.checkpoint.log_format import ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, LOG_MAGIC, LogRecord, LogRegion, LogState
 from hw.checkpoint.recovery import RecoveryEngine
 from hw.mem.line_reader import LineReader
@@ -489,7 +490,8 @@ def test_results_cleared_by_failed_recover():
 def _line_reader_run(seed, jobs, ready_p, lat, out_ready_p, rd_error=()):
     prng = random.Random(seed)
     mem = {a: prng.getrandbits(512) for a in range(CAP)}
-    dut = LineReader(addr_bits=12, depth=16)
+    # Each beat's side field is the CRC data part of its line (the recovery engine's use).
+    dut = LineReader(addr_bits=12, depth=16, side=(32, crc32_data_part))
     mm = MemModel(dut.mem, mem, prng, capacity=CAP, rd_error=rd_error, ready_p=ready_p, lat=lat)
     got = []
 
@@ -501,9 +503,12 @@ def _line_reader_run(seed, jobs, ready_p, lat, out_ready_p, rd_error=()):
         for base, count, abort_after in jobs:
             lines, n, cycle = await read_stream(
                 ctx, dut, dut.lines, mm, prng, {"base": base, "count": count}, cycle, abort_after, out_ready_p,
-                take=lambda ctx: (ctx.get(dut.lines.payload.data), ctx.get(dut.lines.payload.error)),
+                take=lambda ctx: (ctx.get(dut.lines.payload.data), ctx.get(dut.lines.payload.error),
+                                  ctx.get(dut.lines.payload.side)),
                 every_cycle=reads_only)
-            got.append((lines, n))
+            got.append(([(d, e) for d, e, _ in lines], n))
+            for d, _, side in lines:           # the side field belongs to its own beat
+                assert side == crc32_register_update(0, d.to_bytes(64, "little")), hex(d)
 
     sim = Simulator(dut)
     sim.add_clock(1e-9)

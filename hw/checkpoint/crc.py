@@ -39,9 +39,22 @@ def _masks() -> tuple[tuple[int, int], ...]:
 
 def crc32_line(state: Value, line: Value) -> Value:
     """Next CRC register after one line (32-bit ``state``, 512-bit ``line``)."""
+    return crc32_state_part(state) ^ crc32_data_part(line)
+
+
+def crc32_state_part(state: Value) -> Value:
+    """The register update's state part: ``crc32_line(state, 0)`` (32 inputs per bit)."""
     state = Const(state, 32) if isinstance(state, int) else Value.cast(state)
-    bits = [(state & sm).xor() ^ (line & dm).xor() for sm, dm in _masks()]
-    return Cat(*bits)
+    return Cat(*[(state & sm).xor() for sm, _ in _masks()])
+
+
+def crc32_data_part(line: Value) -> Value:
+    """The register update's data part: ``crc32_line(0, line)``. By linearity
+    ``crc32_line(s, d) = crc32_state_part(s) ^ crc32_data_part(d)``, so the data part can be
+    computed a stage ahead of the recurrence (and of a mask that is itself linear: the part of
+    ``d & mask`` is that of ``d`` xor that of ``d & ~mask``)."""
+    line = Value.cast(line)
+    return Cat(*[(line & dm).xor() for _, dm in _masks()])
 
 
 def crc32_single_line(line: Value) -> Value:

@@ -60,7 +60,7 @@ from ..common.cxl_mem import LINE_BITS, LINE_BYTES
 from ..mem.arbiter import client_port_signature
 from ..mem.line_reader import LineReader
 from ..ndp.command import AddressFault, NdpError, engine_control_signature
-from .crc import crc32_line
+from .crc import crc32_data_part, crc32_line, crc32_state_part
 from .log_format import (CRC_INIT, ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, EntryCrcPrefix, EntryGroup, EntryInfo,
                          LogRecord, LogRegion, LogState, SLOT_HEADER_LINES, RECORD_LINE_APPLIED, RECORD_LINE_LOGGED,
                          log_region_end, log_region_fits)
@@ -77,7 +77,10 @@ class RecoveryEngine(wiring.Component):
     def __init__(self, *, addr_bits: int, capacity_lines: int, depth: int = 16):
         self.addr_bits = addr_bits
         self.capacity_lines = capacity_lines
-        self._reader = LineReader(addr_bits=addr_bits, depth=depth)
+        # Each beat carries its line's CRC data part, computed ahead of the reader's output
+        # slice: the recurrence below then xors only 32 state bits (the line's 512-input xor
+        # trees, then the compare, were the engine's 15-LUT-level path into err_info).
+        self._reader = LineReader(addr_bits=addr_bits, depth=depth, side=(32, crc32_data_part))
         self.ctx_bits = self._reader.ctx_bits
         super().__init__({
             "ctl": In(engine_control_signature()),
@@ -179,16 +182,16 @@ class RecoveryEngine(wiring.Component):
         prefix_v = prefix.as_value()
         nxt_crc = crc32_line(CRC_INIT, Cat(prefix_v, Const(0, LINE_BITS - len(prefix_v))))
 
-        # ---- one CRC unit for records (crc field zeroed) and payload lines ------------------
-        rec_mask = ~RECORD_CRC_MASK
+        # ---- one CRC unit for records (crc field zeroed) and payload lines. By linearity the
+        # update is state part ^ the line's data part (from the reader, beat.side) ^ for a record
+        # the data part of its crc field (zeroing the field = xoring its contribution out).
         in_records = Signal()
         crc_state = Signal(32)
-        crc_data = Signal(LINE_BITS)
         crc_next = Signal(32)
         m.d.comb += [
             crc_state.eq(Mux(in_records, CRC_INIT, Mux(first_line, start_crc, crc_reg))),
-            crc_data.eq(line & Mux(in_records, rec_mask, ~Const(0, LINE_BITS))),
-            crc_next.eq(crc32_line(crc_state, crc_data)),
+            crc_next.eq(crc32_state_part(crc_state) ^ beat.side
+                        ^ Mux(in_records, crc32_data_part(line & RECORD_CRC_MASK), 0)),
         ]
         crc_final = crc_next ^ CRC_INIT
 

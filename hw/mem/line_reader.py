@@ -19,7 +19,12 @@ full rate): ``lines.valid``, ``lines.payload`` and the reader's reaction to ``li
 start and end at flip-flops, so a consumer's logic does not add to the reorder buffer's
 (the recovery engine's 16-LUT-level path ran from ``head`` through it). ``abort`` empties
 the slice too. The caller checks that every line lies inside
-device memory. Like hw/ndp/element_reader.py, but whole lines and no element unpacking.
+device memory.
+
+``side = (width, f)`` (optional) adds a field ``side`` to each beat: ``f(line)``, a
+combinational function of the line's data computed before the output slice, so that a
+consumer's first logic stage on the line ends at a flip-flop (the recovery engine: the data
+part of its CRC, a 512-input xor per bit). Like hw/ndp/element_reader.py, but whole lines and no element unpacking.
 """
 from amaranth import Module, Signal, Const
 from amaranth.lib import data, memory, stream, wiring
@@ -38,16 +43,18 @@ class LineBeat(data.Struct):
 
 
 class LineReader(wiring.Component):
-    def __init__(self, *, addr_bits: int, depth: int = 16):
+    def __init__(self, *, addr_bits: int, depth: int = 16, side=None):
         assert depth >= 2 and depth & (depth - 1) == 0, "depth: a power of two"
         self.depth = depth
         self.addr_bits = addr_bits
         self.ctx_bits = (depth - 1).bit_length()
+        self.side = side
+        self.beat = LineBeat if side is None else data.StructLayout({"data": LINE_BITS, "error": 1, "side": side[0]})
         super().__init__({
             "start": In(1), "base": In(addr_bits), "count": In(32),
             "abort": In(1),
             "busy": Out(1),
-            "lines": Out(stream.Signature(LineBeat)),
+            "lines": Out(stream.Signature(self.beat)),
             "mem": Out(client_port_signature(addr_bits, self.ctx_bits)),
         })
 
@@ -87,7 +94,7 @@ class LineReader(wiring.Component):
             rd.addr.eq(head),
         ]
 
-        m.submodules.out_slice = out_slice = ResetInserter(self.abort)(RegisterSlice(LineBeat))
+        m.submodules.out_slice = out_slice = ResetInserter(self.abort)(RegisterSlice(self.beat))
         wiring.connect(m, out_slice.o, wiring.flipped(self.lines))
         out = out_slice.i
         deliver = Signal()
@@ -97,6 +104,8 @@ class LineReader(wiring.Component):
             out.payload.error.eq(rd.data[LINE_BITS]),
             deliver.eq(out.valid & out.ready),
         ]
+        if self.side is not None:
+            m.d.comb += out.payload.side.eq(self.side[1](rd.data[:LINE_BITS]))
 
         set_mask = Signal(depth)
         clr_mask = Signal(depth)
