@@ -320,7 +320,8 @@ def run_yosys(script: pathlib.Path, log: pathlib.Path, timeout: float | None, sa
 
 
 def synthesize(design: pathlib.Path, top: str, target: str, keep: pathlib.Path,
-               timeout: float | None = None, say=progress, share: str = "fast", flatten: bool = True) -> dict:
+               timeout: float | None = None, say=progress, share: str = "fast", flatten: bool = True,
+               keep_netlist: bool = False) -> dict:
     """Synthesize ``top`` of ``design`` (Verilog, or RTLIL when it ends in ``.il``; copied into
     ``keep`` if it is elsewhere) and return the result dict (see the module docstring) without
     ``device_config`` / ``wall_seconds``."""
@@ -350,7 +351,7 @@ def synthesize(design: pathlib.Path, top: str, target: str, keep: pathlib.Path,
     else:
         result.update(summarize(json.loads(stats.read_text())), ok=True)
         t = time.monotonic()
-        result.update(depth_of(netlist))
+        result.update(depth_of(netlist, keep=keep_netlist))
         result["depth_seconds"] = round(time.monotonic() - t, 1)
         result["logic_levels_by_block"] = {g: v["levels"] for g, v in result["depth"].get("by_group", {}).items()}
     return result
@@ -697,6 +698,8 @@ def _check_request(args) -> None:
         raise SynthError("--block-timeout must be a positive number of seconds")
     if getattr(args, "premap", False) and args.blocks is None:
         raise SynthError("--premap works per block: add --blocks NAME[,NAME...]")
+    if getattr(args, "keep_netlist", False) and args.blocks is not None:
+        raise SynthError("--keep-netlist keeps one design's netlist: use --top NAME, not --blocks")
     if args.blocks is not None and args.top != DEFAULT_TOP:
         raise SynthError("--blocks and --top exclude each other (--blocks NAME synthesizes one block)")
 
@@ -718,7 +721,7 @@ def main(args) -> int:
         print(f"error: no module {args.top!r} in {design}", file=sys.stderr)
         return 2
     result = synthesize(design, args.top, args.target, keep, args.timeout, share=args.share,
-                        flatten=not args.hierarchical)
+                        flatten=not args.hierarchical, keep_netlist=args.keep_netlist)
     result["device_config"] = dataclasses.asdict(DeviceConfig())
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     print(format_result(result))
@@ -758,6 +761,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--hierarchical", action="store_true",
                    help="no -flatten (the device or each block): identical modules folded, each distinct one "
                    "mapped once, counts summed by stat -top; the mapped netlist is flattened for the depth")
+    p.add_argument("--keep-netlist", action="store_true",
+                   help="keep the mapped netlist (KEEP/netlist.json, hundreds of MB) for tools/logic_depth.py "
+                   "after the depth is read (deleted by default)")
     p.add_argument("--premap", action="store_true",
                    help="with --blocks: stop before ABC9's LUT mapping and estimate each block's depth there "
                    "(tools/cut_depth.py), naming the RTL nets on its deepest paths; minutes faster, no LUT count")
