@@ -153,7 +153,11 @@ class UndoLogEngine(wiring.Component):
         self.capacity_lines = capacity_lines
         self.set_entries = set_entries
         self._readers = [ElementReader(addr_bits=addr_bits, depth=self.READER_DEPTH) for _ in range(2)]
-        self._arb = MemPortArbiter(clients=3, addr_bits=addr_bits, ctx_bits=self.COPY_CTX)
+        # The offsets' and indices' readers enter the merge through register slices: the copy
+        # engine's request register takes its ready from the merge, so without them an array
+        # reader's issue logic ran through the grant into the copy's entry queue (14 LUT levels).
+        self._arb = MemPortArbiter(clients=3, addr_bits=addr_bits, ctx_bits=self.COPY_CTX,
+                                   input_stage=("slice", "slice", "none"))
         self.ctx_bits = self._arb.ctx_bits + self._arb.client_bits
         super().__init__({
             "ctl": In(engine_control_signature()),
