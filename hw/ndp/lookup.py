@@ -108,7 +108,15 @@ class LookupEngine(wiring.Component):
             m.d.comb += [unit.out_to_host.eq(ctl.cmd.flags.out_to_host), unit.clear.eq(ctl.start)]
             if self._caches:             # the row cache: forgotten at every command (tables may have changed)
                 m.submodules[f"cache{u}"] = cache = self._caches[u]
-                wiring.connect(m, unit.mem, cache.client)
+                # The unit's requests enter the cache through a skid buffer (no added latency):
+                # the cache's ready follows its tag stage's hit decision and the client's write
+                # flag, so the unit's issue logic ran through it into its output FIFO's read
+                # enable (the item buffer -> the output FIFO's level: 18 LUT levels).
+                m.submodules[f"cache{u}_skid"] = req_skid = SkidBuffer(unit.mem.req.payload.shape())
+                wiring.connect(m, unit.mem.req, req_skid.i)
+                wiring.connect(m, req_skid.o, cache.client.req)
+                wiring.connect(m, cache.client.rd_rsp, unit.mem.rd_rsp)
+                wiring.connect(m, cache.client.wr_rsp, unit.mem.wr_rsp)
                 wiring.connect(m, cache.mem, wiring.flipped(self.unit_mem[u]))
                 m.d.comb += cache.flush.eq(ctl.start)
             else:
