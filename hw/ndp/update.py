@@ -349,9 +349,15 @@ class _LineReader(Elaboratable):
 
 
 class _ElementStream(Elaboratable):
-    """u32 elements out of a line stream: ``count`` elements from lane ``first_lane`` on."""
+    """u32 elements out of a line stream: ``count`` elements from lane ``first_lane`` on.
 
-    def __init__(self, count_bits):
+    ``skid``: the elements leave through a skid buffer (no added latency): ``ready`` then ends
+    at a flip-flop instead of running on into the line reader's head (UPDATE's lookahead:
+    its S3 decision -> S0's take -> the index and weight streams -> the readers, 18 LUT
+    levels). ``idle`` waits for a held element too."""
+
+    def __init__(self, count_bits, skid: bool = False):
+        self.skid = skid
         self.start = Signal()
         self.first_lane = Signal(4)
         self.count = Signal(count_bits)
@@ -367,14 +373,30 @@ class _ElementStream(Elaboratable):
         m = Module()
         lane = Signal(4)
         remaining = Signal.like(self.count)
-        m.d.comb += self.idle.eq(remaining == 0)
         take = Signal()
+        el_valid = Signal()                     # the element at the line side
+        el_ready = Signal()
+        el_data = Signal(32)
         m.d.comb += [
-            self.valid.eq(self.line_valid & (remaining != 0)),
-            self.data.eq(self.line_data.word_select(lane, 32)),
-            take.eq(self.valid & self.ready),
+            el_valid.eq(self.line_valid & (remaining != 0)),
+            el_data.eq(self.line_data.word_select(lane, 32)),
+            take.eq(el_valid & el_ready),
             self.line_ready.eq(take & ((lane == LANES - 1) | (remaining == 1))),
         ]
+        if self.skid:
+            held = Signal(32)
+            held_valid = Signal()
+            m.d.comb += [el_ready.eq(~held_valid), self.valid.eq(held_valid | el_valid),
+                         self.data.eq(Mux(held_valid, held, el_data)),
+                         self.idle.eq((remaining == 0) & ~held_valid)]
+            with m.If(held_valid):
+                with m.If(self.ready):
+                    m.d.sync += held_valid.eq(0)
+            with m.Elif(el_valid & ~self.ready):
+                m.d.sync += [held.eq(el_data), held_valid.eq(1)]
+        else:
+            m.d.comb += [el_ready.eq(self.ready), self.valid.eq(el_valid), self.data.eq(el_data),
+                         self.idle.eq(remaining == 0)]
         with m.If(take):
             m.d.sync += [remaining.eq(remaining - 1), lane.eq(lane + 1)]
         with m.If(self.start):
@@ -565,7 +587,7 @@ class UpdateEngine(wiring.Component):
                 m.submodules[f"rd_{arr}{sfx}"] = rd = ResetInserter(clr)(_LineReader(rob, A))
                 setattr(ln, f"rd_{arr}", rd)
             for arr in ("off", "idx", "w"):
-                m.submodules[f"es_{arr}{sfx}"] = es = ResetInserter(clr)(_ElementStream(cnt_bits))
+                m.submodules[f"es_{arr}{sfx}"] = es = ResetInserter(clr)(_ElementStream(cnt_bits, skid=arr != "off"))
                 setattr(ln, f"es_{arr}", es)
             lanes.append(ln)
         rd_off, rd_idx, rd_w, es_off, es_idx, es_w = (getattr(lanes[0], k) for k in ("rd_off", "rd_idx", "rd_w",
