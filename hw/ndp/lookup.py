@@ -37,7 +37,7 @@ from amaranth import Module, Signal, Mux
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..common.stream_util import RoundRobinArbiter, SkidBuffer
+from ..common.stream_util import RegisterSlice, RoundRobinArbiter, SkidBuffer
 from ..cxl_controller.cache_port import cache_port_signature, CacheReq
 from ..mem.arbiter import client_port_signature
 from ..mem.line_cache import LineCache
@@ -108,13 +108,14 @@ class LookupEngine(wiring.Component):
             m.d.comb += [unit.out_to_host.eq(ctl.cmd.flags.out_to_host), unit.clear.eq(ctl.start)]
             if self._caches:             # the row cache: forgotten at every command (tables may have changed)
                 m.submodules[f"cache{u}"] = cache = self._caches[u]
-                # The unit's requests enter the cache through a skid buffer (no added latency):
-                # the cache's ready follows its tag stage's hit decision and the client's write
-                # flag, so the unit's issue logic ran through it into its output FIFO's read
-                # enable (the item buffer -> the output FIFO's level: 18 LUT levels).
-                m.submodules[f"cache{u}_skid"] = req_skid = SkidBuffer(unit.mem.req.payload.shape())
-                wiring.connect(m, unit.mem.req, req_skid.i)
-                wiring.connect(m, req_skid.o, cache.client.req)
+                # The unit's requests enter the cache through a register slice (a cycle): the
+                # cache's ready follows its tag stage's decision and a waiting write, and its
+                # memory request's valid a waiting write (no parking then), so the unit's issue
+                # logic ran through the cache both ways: into the unit's output FIFO (18 LUT
+                # levels) and into the memory port's slice (14).
+                m.submodules[f"cache{u}_slice"] = req_slice = RegisterSlice(unit.mem.req.payload.shape())
+                wiring.connect(m, unit.mem.req, req_slice.i)
+                wiring.connect(m, req_slice.o, cache.client.req)
                 wiring.connect(m, cache.client.rd_rsp, unit.mem.rd_rsp)
                 wiring.connect(m, cache.client.wr_rsp, unit.mem.wr_rsp)
                 wiring.connect(m, cache.mem, wiring.flipped(self.unit_mem[u]))
@@ -154,12 +155,18 @@ class LookupEngine(wiring.Component):
             m.d.sync += [busy.eq(1), fed.eq(0)]
         with m.If(feeder.done):
             m.d.sync += [fed.eq(1), feed_error.eq(feeder.error), feed_info.eq(feeder.error_info)]
-        all_idle = Signal()
-        m.d.comb += all_idle.eq(sum(unit_idle) == self.units)
+        # The units' idle, registered: it is the end of each unit's output FIFO level and
+        # counters, and ``done`` with its error code went on into the command processor's
+        # completion (12 LUT levels). ``fed_settled``: the feeder finished a cycle before
+        # ``fed``, so its last item is in a queue (not idle) by the time ``all_idle_q`` looks;
+        # once the feeder is done every unit that is idle stays idle. One cycle per command.
+        all_idle_q = Signal()
+        fed_settled = Signal()
+        m.d.sync += [all_idle_q.eq(sum(unit_idle) == self.units), fed_settled.eq(fed & ~ctl.start)]
         any_media = Signal()
         any_cache = Signal()
         m.d.comb += [any_media.eq(sum(media_error) != 0), any_cache.eq(sum(cache_error) != 0)]
-        with m.If(busy & fed & all_idle):
+        with m.If(busy & fed_settled & all_idle_q):
             m.d.sync += busy.eq(0)
             m.d.comb += [
                 ctl.done.eq(1),
