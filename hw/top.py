@@ -27,11 +27,12 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .common.axi import AxiLiteSignature
+from .common.stream_util import RegisterSlice
 from .common.cxl_cache import D2HReq, D2HRsp, D2HData, H2DReq, H2DRsp, H2DData
 from .common.cxl_mem import M2SReq, M2SRwD, S2MNDR, S2MDRS
 from .config import DeviceConfig
 from .cxl_controller.bias import BiasTable
-from .cxl_controller.cache_port import cache_port_signature, CachePortMux, ENGINE_ID_BASE
+from .cxl_controller.cache_port import cache_port_signature, CachePortMux, CacheReq, ENGINE_ID_BASE
 from .cxl_controller.csr import CsrBlock
 from .cxl_controller.cxl_cache import CxlCacheAgent
 from .cxl_controller.cxl_mem import CxlMemTarget, CTX
@@ -107,12 +108,12 @@ class TrainingCxlDevice(wiring.Component):
                          self._undo_log.ctx_bits, self._mlp_log.ctx_bits, self._recovery.ctx_bits)
         # The shared port's clients enter through stages, so that no client's request logic
         # reaches another's ready through the merge's grant (28 LUT levels in the device, from
-        # the lookup feeder's readers into every other client): the engines through register
-        # slices (1 cycle), the CXL.mem target, whose latency the host sees, through a skid
-        # buffer (0 cycles, its ready a flip-flop).
+        # the lookup feeder's readers into every other client): every client through a register
+        # slice (1 cycle). The CXL.mem target, whose latency the host sees, went through a skid
+        # buffer (0 cycles) until its decode state's valid, passed through, was the port's
+        # deepest path (13 LUT levels, into the skid's holding register through the grant).
         self._shared = MemPortArbiter(clients=len(SHARED_PORT_CLIENTS), addr_bits=config.addr_bits,
-                                      ctx_bits=shared_ctx,
-                                      input_stage=["skid" if c == "cxl_mem" else "slice" for c in SHARED_PORT_CLIENTS])
+                                      ctx_bits=shared_ctx, input_stage=["slice"] * len(SHARED_PORT_CLIENTS))
         # Interleaver port 1 the same way (23 levels in the device: lookup unit 0's request
         # through the merge's grant into UPDATE's gradient ready and its bag stage): both
         # through register slices (1 cycle). Unit 0 went through a skid buffer (0 cycles)
@@ -204,7 +205,13 @@ class TrainingCxlDevice(wiring.Component):
         m.submodules.engine_cache = merge = self._cache_merge
         wiring.connect(m, lookup.push, merge.clients[ENGINE_CACHE_CLIENTS.index("lookup_push")])
         wiring.connect(m, mlp_log.cache, merge.clients[ENGINE_CACHE_CLIENTS.index("mlp_log")])
-        wiring.connect(m, merge.engines, mux.engines)
+        # The engines' merged requests enter the port mux through a register slice (a cycle):
+        # an engine's request valid ran through both round robins (the engines' merge, the
+        # port mux's) and their grant back into the engine (MLP log: 12 LUT levels).
+        m.submodules.engine_cache_slice = eng_slice = RegisterSlice(CacheReq)
+        wiring.connect(m, merge.engines.req, eng_slice.i)
+        wiring.connect(m, eng_slice.o, mux.engines.req)
+        wiring.connect(m, mux.engines.rsp, merge.engines.rsp)
         # Checkpoint geometry (CKPT_* CSRs) and the last RECOVER's result.
         region = Signal(LogRegion)
         m.d.comb += [

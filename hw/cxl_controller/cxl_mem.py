@@ -38,9 +38,9 @@ Answers (docs/cxl-reference.md §1 "Expected responses"; Tag and LD-ID always ec
 Throughput and latency: one M2S message per cycle in total (Req and RwD are arbitrated
 round-robin at the port: ``ready`` of one may drop while the other is taken); one S2M NDR
 and one DRS per cycle. Idle MemRd latency: the media's read latency plus
-``PIPELINE_READ_CYCLES`` = 9 (input FIFO, decode stage, the memory subsystem's request and
-response register slices, channel FIFO, output FIFO; checked by the test
-``idle_read_latency``). Responses may return in any order.
+``PIPELINE_READ_CYCLES`` = 10 (input FIFO, decode stage, the shared port's register slice,
+the memory subsystem's request and response register slices, channel FIFO, output FIFO;
+checked by the test ``idle_read_latency``). Responses may return in any order.
 
 Ordering: messages are serialized where they are accepted. A read accepted after a write
 to the same line returns the new data (hw/mem guarantees it); a read accepted before a
@@ -77,9 +77,10 @@ CTX = data.StructLayout({"tag": TAG_BITS, "ld_id": LD_ID_BITS, "ndr_opcode": NDR
 
 # Cycles a MemRd spends in the device outside the media, from its M2S handshake to its DRS
 # handshake with an idle device and an always-ready host: 2 in each of the three buffered
-# FIFOs (input, channel, output), 1 in the decode stage and 1 in each of the memory
-# subsystem's request and response register slices (hw/mem/interleave.py).
-PIPELINE_READ_CYCLES = 9
+# FIFOs (input, channel, output), 1 in the decode stage, 1 in the shared memory port's
+# register slice (hw/top.py) and 1 in each of the memory subsystem's request and response
+# register slices (hw/mem/interleave.py).
+PIPELINE_READ_CYCLES = 10
 
 EVENTS = ("oow_req", "oow_rwd", "unsupported_req", "unsupported_rwd",
           "poison_wr", "poison_rd", "media_error", "rd_line", "wr_line", "spec_rd_dropped",
