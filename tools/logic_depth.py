@@ -14,7 +14,7 @@ design after ``synth_xilinx`` (one module: flatten first, or name it) and return
   ``via``: the named nets the path runs through, start to end (the RTL's own signal names;
   synthesis-made nets left out), to tell which logic to pipeline;
 - ``by_group``: the deepest path ending in each first-level instance (``group_of``: after
-  flattening the device, each top-level block), deepest first;
+  flattening the device, each top-level block), deepest first, each ``{levels, from, to, via}``;
 - ``cells``: how many cells the graph held, ``loops``: combinational loops broken (0 expected).
 
 The graph: nodes are net bits. A LUT1..LUT6 adds one level. A LUT RAM (RAM32M, RAM64X1D,
@@ -246,7 +246,7 @@ def analyze(netlist: dict, module: str | None = None, top_paths: int = 5) -> dic
     for end, (c, b) in ranked:                     # deepest first: the first seen per group wins
         g = group_of(end)
         if g not in by_group:
-            by_group[g] = {"levels": c[0], "from": start_of(b), "to": end}
+            by_group[g] = {"levels": c[0], "from": start_of(b), "to": end, "via": via_of(b)}
     deepest = paths[0] if paths else {"levels": 0, "muxf": 0, "carry": 0, "dsp": 0}
     return {"module": name, "logic_levels": deepest["levels"], "muxf": deepest["muxf"], "carry": deepest["carry"],
             "dsp": deepest["dsp"], "paths": paths, "by_group": by_group, "cells": len(cells), "loops": loops,
