@@ -152,6 +152,7 @@ def test_parser_defaults():
     (["--blocks", "all", "--block-timeout", "-1"], "--block-timeout must be a positive"),
     (["--blocks", "csr", "--top", "trainingcxl_device.csr"], "--blocks and --top exclude each other"),
     (["--premap"], "--premap works per block"),
+    (["--blocks", "csr", "--keep-netlist"], "--keep-netlist keeps one design's netlist"),
 ])
 def test_bad_requests_exit_2(argv, message, capsys, tmp_path):
     assert main(_parse("--json", str(tmp_path / "s.json"), "--keep", str(tmp_path), *argv)) == 2
@@ -397,6 +398,12 @@ def test_tiny_block_on_xcup(tiny_verilog, tmp_path):
     assert "-family xcup" in script and "-uram" in script and "share -fast" in script
     assert not (tmp_path / "netlist.json").exists()
     assert "logic levels" in format_result(r)
+    # --keep-netlist: the same run leaves the mapped netlist, and its depth reads the same.
+    kept = synthesize(tiny_verilog, "tiny", "xcup", tmp_path / "k", timeout=120, say=lambda *a, **kw: None,
+                      keep_netlist=True)
+    assert kept["ok"] and kept["logic_levels"] == r["logic_levels"]
+    from tools import logic_depth
+    assert logic_depth.analyze_file(tmp_path / "k" / "netlist.json")["logic_levels"] == r["logic_levels"]
 
 
 def test_hierarchical_device_sums_the_modules(toy_design, tmp_path):
