@@ -273,7 +273,7 @@ class TrainingCxlDevice(wiring.Component):
             # Flips to host bias: by a host access (the target) or by CSR (the engine).
             csr.stat_bias_to_host_inc.eq(tgt.events.bias_to_host | bias.events.to_host),
         ]
-        # Counters and status. The targets' and the agent's event pulses reach their counters a
+        # Counters and status. The target's and the agent's event pulses reach their counters a
         # cycle later, registered: an event is decided at the end of a deep path (the agent's
         # tracker match -> its eviction verdict), and the counter's saturating increment after
         # it was the CSR block's deepest path (15 LUT levels in the device).

@@ -18,7 +18,8 @@ buffer behind it, so the FIFO's read enable is a flip-flop), its reorder
 buffer, 16 FMA lanes and its output path. Bags are independent, so units finish them in any
 order; each pooled vector has its own address. ``done`` comes after the feeder is done and
 every unit is idle (all outputs durable in device memory or acknowledged by the host), so
-the host may read them at once.
+the host may read them at once; the idle is registered, so ``done`` follows it by a cycle.
+Each unit's requests enter its row cache (below) through a register slice (a cycle).
 
 Row cache (``cache_lines`` > 0): each unit's port goes through a LineCache
 (hw/mem/line_cache.py) of ``cache_lines`` 64-byte lines, direct mapped, flushed at every
