@@ -262,7 +262,8 @@ class LineCache(wiring.Component):
         ]
         # A miss counts as in flight until the cycle after its install (F2): a read whose tag
         # read raced the install (stale) parks once more instead of missing again.
-        f1_fired, f2_fired = Signal(), Signal()      # a response passed (error or poison included)
+        # a response passed (error or poison included)
+        f1_fired, f2_fired = Signal(name="f1_fired"), Signal(name="f2_fired")
         f2_ctx = Signal(self.ctx_bits)
         m.d.sync += [f1_fired.eq(m_fire), f2_fired.eq(f1_fired), f2_ctx.eq(f1_ctx)]
         sent_mask, done_mask = Signal.like(outstanding), Signal.like(outstanding)

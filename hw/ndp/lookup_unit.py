@@ -143,7 +143,8 @@ class LookupUnit(wiring.Component):
                      data_w.en.eq(rsp.valid)]
         with m.If(rsp.valid & (rsp.payload.error | rsp.payload.poison)):
             m.d.sync += self.media_error.eq(1)
-        fill_mask, instant_mask, clr_mask = Signal(R), Signal(R), Signal(R)
+        fill_mask, instant_mask = Signal(R, name="fill_mask"), Signal(R, name="instant_mask")
+        clr_mask = Signal(R)
         with m.If(rsp.valid):
             m.d.comb += fill_mask.eq(Const(1, R) << rsp.payload.ctx)
         with m.If(alloc & instant):

@@ -1780,13 +1780,14 @@ class UpdateEngine(wiring.Component):
         # leaves with A. Its ring lines are freed with A's (both rings free in order), and its
         # completion is counted with A's last result (``completed`` must count a prefix of the
         # occurrence order: pinning relies on it).
-        wa_valid, wb_valid, b_done = Signal(), Signal(), Signal()
-        wa, wb = Signal(q2_rec), Signal(q2_rec)
-        wa_k, wb_k = Signal(5), Signal(5)
-        row_a, row_b = Signal(SB), Signal(SB)
-        c_a, c_b = Signal(GB), Signal(GB)
-        row_a1, row_b1 = Signal(SB), Signal(SB)         # the entries' next lines (a line pair)
-        c_a1, c_b1 = Signal(GB), Signal(GB)
+        wa_valid, wb_valid, b_done = Signal(name="wa_valid"), Signal(name="wb_valid"), Signal(name="b_done")
+        wa, wb = Signal(q2_rec, name="wa"), Signal(q2_rec, name="wb")
+        wa_k, wb_k = Signal(5, name="wa_k"), Signal(5, name="wb_k")
+        row_a, row_b = Signal(SB, name="row_a"), Signal(SB, name="row_b")
+        c_a, c_b = Signal(GB, name="c_a"), Signal(GB, name="c_b")
+        # the entries' next lines (a line pair)
+        row_a1, row_b1 = Signal(SB, name="row_a1"), Signal(SB, name="row_b1")
+        c_a1, c_b1 = Signal(GB, name="c_a1"), Signal(GB, name="c_b1")
         m.d.comb += [row_a.eq(wa.row_base | wa_k), c_a.eq(wa.cpos + wa_k),
                      garr_fma.addr.eq(c_a),
                      row_b.eq(wb.row_base | wb_k), c_b.eq(wb.cpos + wb_k),
@@ -1808,9 +1809,9 @@ class UpdateEngine(wiring.Component):
             c_ready = Mux(rec.csrc, con_valid.bit_select(c[:CB], 1), g_arrived)
             return arrived & c_ready & ~in_flight
 
-        go_a, go_b = Signal(), Signal()
-        pair_a, pair_b = Signal(), Signal()              # ... and its next line with it
-        fin_a, fin_b = Signal(), Signal()
+        go_a, go_b = Signal(name="go_a"), Signal(name="go_b")
+        pair_a, pair_b = Signal(name="pair_a"), Signal(name="pair_b")              # ... and its next line with it
+        fin_a, fin_b = Signal(name="fin_a"), Signal(name="fin_b")
         m.d.comb += [
             go_a.eq(wa_valid & operands_ready(wa, row_a, c_a, arrived.bit_select(row_a, 1), garr_fma.data) & ~freeze),
             go_b.eq(~go_a & wb_valid & ~b_done & (wb.row_base != wa.row_base) &
@@ -1925,7 +1926,7 @@ class UpdateEngine(wiring.Component):
         neg_lr = Cat(cmd.lr[:31], ~cmd.lr[31])
         operand = []
         for row_s in (c1_row, c1_row1):
-            f0, f1 = Signal(), Signal()
+            f0, f1 = Signal(name="f0"), Signal(name="f1")
             m.d.comb += [f0.eq(o_fma & (o_addr[:SB] == row_s)), f1.eq(o_fma1 & (o_addr1 == row_s))]
             operand.append((f0, f1))
         groups = ((lanes, con_rp.data, grad_rp.data, operand[0], rd_data[0]),
