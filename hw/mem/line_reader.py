@@ -18,13 +18,14 @@ the stream delivers one line per cycle. Lines leave through a register slice (on
 full rate): ``lines.valid``, ``lines.payload`` and the reader's reaction to ``lines.ready``
 start and end at flip-flops, so a consumer's logic does not add to the reorder buffer's
 (the recovery engine's 16-LUT-level path ran from ``head`` through it). ``abort`` empties
-the slice too. The caller checks that every line lies inside
-device memory.
+the slice too. The caller checks that every line lies inside device memory. Like
+hw/ndp/element_reader.py, but whole lines and no element unpacking.
 
 ``side = (width, f)`` (optional) adds a field ``side`` to each beat: ``f(line)``, a
-combinational function of the line's data computed before the output slice, so that a
-consumer's first logic stage on the line ends at a flip-flop (the recovery engine: the data
-part of its CRC, a 512-input xor per bit). Like hw/ndp/element_reader.py, but whole lines and no element unpacking.
+combinational function of the line's data computed before the output slice (same cycle,
+same beat), so that a consumer's first logic stage on the line ends at a flip-flop (the
+recovery engine: the data part of its CRC, a 512-input xor per bit). Without it the beat is
+``LineBeat``.
 """
 from amaranth import Module, Signal, Const
 from amaranth.lib import data, memory, stream, wiring

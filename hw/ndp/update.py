@@ -1925,8 +1925,8 @@ class UpdateEngine(wiring.Component):
         # (the operand was read the cycle before its write); either slot's result, either slot.
         neg_lr = Cat(cmd.lr[:31], ~cmd.lr[31])
         operand = []
-        for row_s in (c1_row, c1_row1):
-            f0, f1 = Signal(name="f0"), Signal(name="f1")
+        for slot, row_s in enumerate((c1_row, c1_row1)):
+            f0, f1 = Signal(name=f"fwd{slot}_from_slot0"), Signal(name=f"fwd{slot}_from_slot1")
             m.d.comb += [f0.eq(o_fma & (o_addr[:SB] == row_s)), f1.eq(o_fma1 & (o_addr1 == row_s))]
             operand.append((f0, f1))
         groups = ((lanes, con_rp.data, grad_rp.data, operand[0], rd_data[0]),
