@@ -361,6 +361,36 @@ def test_torn_entry_log_corrupt(how):
     assert (r["emb_valid"], r["rolled_back"]) == (0, 0)
 
 
+@pytest.mark.parametrize("then", ["last_entry", "next_entry_bad", "next_group_bad"])
+def test_crc_failure_comes_first(then):
+    """An entry's CRC is compared in the cycle after its last payload line: a bad payload in
+    the last entry still fails pass 1 before any write, and when the line after a bad entry
+    fails too (the next entry's description, or the next group line), ``error_info`` still
+    names the entry whose CRC failed, as when the compare was in the same cycle."""
+    seed = _seed()
+    rng = random.Random(seed)
+    while True:                                 # a batch with a second group (entries 4..)
+        mem, old, ents = base_image(rng, k=5)
+        if len(ents) > GROUP_ENTRIES:
+            break
+    s = 1
+    _, where = entry_lines(5, ents)
+    i = {"last_entry": len(ents) - 1, "next_entry_bad": 1, "next_group_bad": GROUP_ENTRIES - 1}[then]
+    j = rng.randrange(ents[i]["dim_lines"])
+    mem[slot_base(s) + 2 + where[i][1] + j] ^= 1 << rng.randrange(512)
+    if then == "next_entry_bad":                # entry 2's description: dim_lines 0
+        group = list(ents[:GROUP_ENTRIES])
+        group[2] = dict(group[2], dim_lines=0)
+        mem[slot_base(s) + 2 + where[0][0]] = group_line(5, group)
+    elif then == "next_group_bad":              # the second group line's magic
+        group = ents[GROUP_ENTRIES:2 * GROUP_ENTRIES]
+        mem[slot_base(s) + 2 + where[GROUP_ENTRIES][0]] = group_line(5, group, magic=ENTRY_MAGIC)
+    before = dict(mem)
+    (r,) = recover(mem, seed)
+    assert (r["error"], r["info"]) == (NdpError.LOG_CORRUPT, i), r
+    assert mem == before and not r["writes"]
+
+
 def test_entry_lines_exceed_slot():
     rng = random.Random(4)
     mem, old, ents = base_image(rng, k=5)

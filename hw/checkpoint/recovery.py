@@ -50,7 +50,10 @@ Stats: ``unique_rows`` = entries checked, ``rows_written`` = entries rolled back
 Throughput: one line per cycle per pass when ``depth`` covers the read latency (pass 2
 shares the port between its reads and its writes: about two cycles per payload line). The
 CRC of an entry's prefix line is computed in the cycle before its first payload line (a
-second, small CRC unit: the prefix is 160 bits), so payload lines take one CRC step each.
+second, small CRC unit: the prefix is 160 bits), so payload lines take one CRC step each;
+an entry's CRC is compared in the cycle after its last payload line (pass 1 ends a cycle
+later when its last entry is the last line; a CRC failure wins over whatever the next line
+found in that cycle, so ``error_info`` still names the first failing entry).
 """
 from amaranth import Cat, Module, Signal, Const, Mux
 from amaranth.lib import wiring
@@ -194,6 +197,16 @@ class RecoveryEngine(wiring.Component):
                         ^ Mux(in_records, crc32_data_part(line & RECORD_CRC_MASK), 0)),
         ]
         crc_final = crc_next ^ CRC_INIT
+        # An entry's CRC is compared a cycle after its last payload line, from crc_reg: the
+        # recurrence, the compare and the failure's priority in one cycle were the engine's
+        # deepest path (15 LUT levels, fsm_state -> err_info). SCAN waits for the compare
+        # before it ends, and a CRC failure overrides what the next line did in that cycle.
+        crc_pending = Signal()
+        crc_expect = Signal(32)
+        crc_entry = Signal(32)             # its entry number (error_info)
+        crc_failed = Signal()
+        m.d.sync += crc_pending.eq(0)
+        m.d.comb += crc_failed.eq(crc_pending & ((crc_reg ^ CRC_INIT) != crc_expect))
 
         # ---- record checks (rec_i: 0 LOGGED s0, 1 APPLIED s0, 2 LOGGED s1, 3 APPLIED s1, 4/5 MLP s0/s1)
         exp_slot = Signal()
@@ -346,15 +359,14 @@ class RecoveryEngine(wiring.Component):
                     with m.Elif(is_payload):
                         m.d.sync += remaining.eq(remaining - 1)
                         with m.If(remaining == 1):
-                            m.d.sync += entries.eq(entries + 1)
+                            m.d.sync += [entries.eq(entries + 1), crc_pending.eq(1), crc_expect.eq(info.crc),
+                                         crc_entry.eq(entries)]
                             start_next()
-                            with m.If(crc_final != info.crc):
-                                fail(NdpError.LOG_CORRUPT, entries)
-                            with m.Elif(more & (next_n[:GSB] != 0) & ~nxt_ok):
+                            with m.If(more & (next_n[:GSB] != 0) & ~nxt_ok):
                                 fail(NdpError.LOG_CORRUPT, next_n)
                     with m.Else():             # a line after the last entry: lines and count disagree
                         fail(NdpError.LOG_CORRUPT, entries)
-                with m.Elif(~reader.busy):
+                with m.Elif(~reader.busy & ~crc_pending):
                     m.d.sync += n_checked.eq(entries)
                     with m.If(entries != ent_count):
                         m.d.sync += [err.eq(NdpError.LOG_CORRUPT), err_info.eq(entries)]
@@ -362,6 +374,8 @@ class RecoveryEngine(wiring.Component):
                     with m.Else():
                         pass_start()
                         m.next = "ROLL"
+                with m.If(crc_failed):         # the entry before this line: its failure comes first
+                    fail(NdpError.LOG_CORRUPT, crc_entry)
             with m.State("ROLL"):              # pass 2: write the old values back (pass 1 checked them)
                 m.d.comb += [wr_addr.eq(row_addr + j), wr_data.eq(line)]
                 with m.If(reader.lines.valid):
@@ -382,6 +396,8 @@ class RecoveryEngine(wiring.Component):
                 with m.Elif(~reader.busy & (wr_out == 0)):
                     m.next = "DONE"
             with m.State("DRAIN"):             # wait for the reads and writes in flight
+                with m.If(crc_failed):         # the failed entry came before the line that failed
+                    m.d.sync += [err.eq(NdpError.LOG_CORRUPT), err_info.eq(crc_entry)]
                 with m.If(~reader.busy & (wr_out == 0)):
                     m.next = "DONE"
             with m.State("DONE"):
