@@ -23,9 +23,10 @@ class DeviceConfig:
     cache_test_port: expose the agent's internal request port as top-level ports (the
     simulation build does, so tests can drive it until the NDP engines use it). bias_pages:
     entries of the bias table (1 MiB pages in the 64 GiB default, 4 KiB in simulation).
-    lookup_units / lookup_rob_depth: the lookup engine's reduce units and the row lines each
-    keeps in flight (hw/ndp/lookup.py). lookup_cache_lines: each lookup unit's row cache in
-    64-byte lines (hw/mem/line_cache.py; 0 = no cache, the paper's design).
+    lookup_units / lookup_rob_depth / lookup_contexts: the lookup engine's reduce units, the
+    row lines each keeps in flight and the bags each interleaves (hw/ndp/lookup.py).
+    lookup_cache_lines: each lookup unit's row cache in 64-byte lines (hw/mem/line_cache.py;
+    0 = no cache, the paper's design).
     update_scratch_lines: the update engine's row scratchpad in lines (hw/ndp/update.py).
     log_set_entries: the undo-log engine's deduplication set, in (table, row) keys
     (hw/checkpoint/undo_log.py). fp32_pipeline: the FP32 FMA and divider pipelines of both
@@ -44,6 +45,9 @@ class DeviceConfig:
     bias_pages: int = 65536                 # HDM-D bias table entries (page = capacity / pages)
     lookup_units: int = 3                   # LOOKUP reduce units (16 FP32 lanes and a memory port each)
     lookup_rob_depth: int = 128             # row lines in flight per lookup unit
+    # Bag contexts per lookup unit (a power of two >= 2): their rows interleave to hide the
+    # FMA's latency on a bag's chain (hw/ndp/lookup_unit.py).
+    lookup_contexts: int = 2
     # LOOKUP row cache per unit (64 KiB: 16 BRAM36 of data); 0 turns it off (issue 15).
     lookup_cache_lines: int = 1024
     update_scratch_lines: int = 1024        # UPDATE row scratchpad (64 KiB)
@@ -79,6 +83,8 @@ class DeviceConfig:
                              "at most 2**24 pages")
         if not 1 <= self.lookup_units <= 16 or not pow2(self.lookup_rob_depth):
             raise ValueError("lookup_units must be 1..16 and lookup_rob_depth a power of two")
+        if not pow2(self.lookup_contexts) or not 2 <= self.lookup_contexts <= 16:
+            raise ValueError(f"lookup_contexts must be a power of two in 2..16, got {self.lookup_contexts}")
         if self.lookup_cache_lines and (not pow2(self.lookup_cache_lines) or self.lookup_cache_lines < 2
                                         or self.lookup_cache_lines >= self.capacity_lines):
             raise ValueError("lookup_cache_lines must be 0 (off) or a power of two >= 2, below the capacity")

@@ -94,7 +94,7 @@ class TrainingCxlDevice(wiring.Component):
         self._lookup = LookupEngine(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines,
                                     units=config.lookup_units, rob_depth=config.lookup_rob_depth,
                                     id_base=ENGINE_ID_BASE, fp32_pipeline=config.fp32_pipeline,
-                                    cache_lines=config.lookup_cache_lines)
+                                    cache_lines=config.lookup_cache_lines, contexts=config.lookup_contexts)
         self._update = UpdateEngine(addr_bits=config.addr_bits, capacity_lines=config.capacity_lines,
                                     scratch_lines=config.update_scratch_lines, fp32_pipeline=config.fp32_pipeline)
         self._cache_merge = EngineCachePortMerge(clients=len(ENGINE_CACHE_CLIENTS))

@@ -119,7 +119,7 @@ def _case(rng: np.random.Generator, bad: str | None = None):
 
 
 def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline: str = "compact",
-         cache_lines: int = 0):
+         cache_lines: int = 0, contexts: int = 2):
     rng = np.random.default_rng(seed)
     prng = random.Random(seed)
     mem, cmd, descs, golden, layout, specs = _case(rng, bad)
@@ -127,7 +127,7 @@ def _run(seed: int, bad: str | None = None, to_host: bool = False, fp32_pipeline
         cmd |= 1 << CMD._offsets["flags"][0]
     cap = BIG_CAP if bad == "mean_long" else CAP
     dut = LookupEngine(addr_bits=cap.bit_length() - 1, capacity_lines=cap, units=2, item_depth=16, rob_depth=16,
-                       id_base=0x40, fp32_pipeline=fp32_pipeline, cache_lines=cache_lines)
+                       id_base=0x40, fp32_pipeline=fp32_pipeline, cache_lines=cache_lines, contexts=contexts)
     result = {}
     pushed = {}
 
@@ -264,12 +264,15 @@ def test_lookup_row_cache(case, to_host):
         assert result["cache_hits"] > 0, result
 
 
-def test_lookup_deep_fp32_pipeline():
+@pytest.mark.parametrize("contexts", [2, 8])
+def test_lookup_deep_fp32_pipeline(contexts):
     """The 12-cycle FMA / 18-cycle divider ("deep"): same pooled vectors, bit for bit (the
-    longer chain hazard window, forwarding and output credit)."""
+    longer chain hazard window, forwarding and output credit), with the two bag contexts per
+    unit of the default device and with eight (rows of eight bags interleaved, a 7-bit
+    accumulator line, the round-robin context choice over all of them)."""
     seed = int(os.environ.get("TCXL_SEED", "0")) or random.randrange(1 << 30)
     print(f"seed {seed} (replay with TCXL_SEED={seed})")
-    result, out, golden, layout, specs = _run(seed, fp32_pipeline="deep")
+    result, out, golden, layout, specs = _run(seed, fp32_pipeline="deep", contexts=contexts)
     _check_pooled(seed, False, result, out, golden, layout, specs)
 
 

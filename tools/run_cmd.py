@@ -2,7 +2,7 @@
 
   trainingcxl run --model M --config cxl-d --phase embedding --batches N --json FILE
                   [--seed S] [--rows-cap R] [--batch-size B] [--out host|device] [--fp32-pipeline compact|deep]
-                  [--lookup-cache-lines N]
+                  [--lookup-cache-lines N] [--lookup-contexts C]
   trainingcxl run --model M --trace FILE [--batches N] ...
 
 With ``--trace`` the tables, rows, batch size and batches come from the file (generated or
@@ -167,6 +167,9 @@ def run_embedding(args) -> dict:
     cfg, layout = choose_device(trace, args.out, "--trace" if args.trace else "--model")
     if args.fp32_pipeline != cfg.fp32_pipeline:
         cfg = dataclasses.replace(cfg, fp32_pipeline=args.fp32_pipeline)
+    contexts = getattr(args, "lookup_contexts", None)
+    if contexts is not None and contexts != cfg.lookup_contexts:
+        cfg = dataclasses.replace(cfg, lookup_contexts=contexts)
     cache_lines = getattr(args, "lookup_cache_lines", None)
     if cache_lines is not None and cache_lines != cfg.lookup_cache_lines:
         cfg = dataclasses.replace(cfg, lookup_cache_lines=cache_lines)
@@ -279,6 +282,9 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                    help="each lookup unit's row cache in 64-byte lines (hw/config.py lookup_cache_lines; "
                         "0 = none, the paper's design; default: the device's, 1024; another value is another "
                         "Verilator build)")
+    p.add_argument("--lookup-contexts", type=positive_int, default=None, metavar="C",
+                   help="bag contexts per lookup unit (hw/config.py lookup_contexts: a power of two in 2..16; "
+                        "default: the device's, 2; more hide the deep FMA's latency; another Verilator build)")
     p.add_argument("--media-timeline", type=positive_int, default=None, metavar="CYCLES",
                    help="sample each channel's media occupancy every CYCLES cycles during every command: "
                         "the JSON's batches carry media_timeline_lookup/_update, and the last batch's are "

@@ -12,8 +12,9 @@ Ports
   ``id`` = ``id_base`` + unit index (responses route back by it).
 
 Structure: a LookupFeeder (hw/ndp/lookup_feeder.py) validates the arrays and emits one work
-item per index occurrence, a whole bag to one of the units' two bag contexts; each unit
-(hw/ndp/lookup_unit.py) has an item FIFO of ``item_depth`` entries per context (and a skid
+item per index occurrence, a whole bag to one of the units' ``contexts`` bag contexts (feeder
+slot ``c * units + u`` is unit u's context c, so consecutive bags go to different units); each
+unit (hw/ndp/lookup_unit.py) has an item FIFO of ``item_depth`` entries per context (and a skid
 buffer behind it, so the FIFO's read enable is a flip-flop), its reorder
 buffer, 16 FMA lanes and its output path. Bags are independent, so units finish them in any
 order; each pooled vector has its own address. ``done`` comes after the feeder is done and
@@ -34,7 +35,7 @@ read answered with error or poison), then CACHE (a push answered with an error).
 writes no table, so a failed command leaves the tables untouched; vectors of bags before
 the failure may have been written.
 """
-from amaranth import Module, Signal, Mux
+from amaranth import Module, Signal, Mux, Cat
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -49,14 +50,17 @@ from .lookup_unit import LookupUnit
 
 class LookupEngine(wiring.Component):
     def __init__(self, *, addr_bits: int, capacity_lines: int, units: int = 4, item_depth: int = 128,
-                 rob_depth: int = 128, id_base: int = 0, fp32_pipeline: str = "compact", cache_lines: int = 0):
+                 rob_depth: int = 128, id_base: int = 0, fp32_pipeline: str = "compact", cache_lines: int = 0,
+                 contexts: int = 2):
         self.units = units
+        self.contexts = contexts
         self.cache_lines = cache_lines
         self.id_base = id_base
         self.item_depth = item_depth
-        self._feeder = LookupFeeder(addr_bits=addr_bits, capacity_lines=capacity_lines, units=2 * units)
+        self._feeder = LookupFeeder(addr_bits=addr_bits, capacity_lines=capacity_lines, units=contexts * units)
         self._units = [LookupUnit(addr_bits=addr_bits, item_layout=self._feeder.item_layout, unit_id=id_base + u,
-                                  rob_depth=rob_depth, fp32_pipeline=fp32_pipeline) for u in range(units)]
+                                  rob_depth=rob_depth, fp32_pipeline=fp32_pipeline, contexts=contexts)
+                       for u in range(units)]
         self.feed_ctx_bits = self._feeder.ctx_bits
         self.unit_ctx_bits = self._units[0].ctx_bits
         self._caches = [LineCache(addr_bits=addr_bits, ctx_bits=self.unit_ctx_bits, lines=cache_lines)
@@ -88,7 +92,7 @@ class LookupEngine(wiring.Component):
         for u, unit in enumerate(self._units):
             m.submodules[f"unit{u}"] = unit
             queues_empty = []
-            for c in range(2):           # the unit's two bag contexts: feeder slot 2u + c
+            for c in range(self.contexts):   # the unit's bag contexts: feeder slot c * units + u
                 q = fifo.SyncFIFOBuffered(width=width, depth=self.item_depth)
                 m.submodules[f"items{u}_{c}"] = q
                 # A skid buffer between the FIFO and the unit: the FIFO's read enable is a
@@ -96,11 +100,12 @@ class LookupEngine(wiring.Component):
                 # end, reorder-buffer room, memory ready: 18 LUT levels into the FIFO's
                 # level). Full rate, no added latency.
                 m.submodules[f"items{u}_{c}_skid"] = skid = SkidBuffer(feeder.item_layout)
-                mine = feeder.items.payload.unit == 2 * u + c
+                slot = c * self.units + u
+                mine = feeder.items.payload.unit == slot
                 m.d.comb += [
                     q.w_en.eq(feeder.items.valid & mine), q.w_data.eq(feeder.items.payload),
                     skid.i.valid.eq(q.r_rdy), skid.i.payload.eq(q.r_data), q.r_en.eq(skid.i.ready),
-                    feeder.unit_room[2 * u + c].eq(q.level < self.item_depth // 2),
+                    feeder.unit_room[slot].eq(q.level < self.item_depth // 2),
                 ]
                 wiring.connect(m, skid.o, unit.items[c])
                 with m.If(mine):
@@ -126,7 +131,7 @@ class LookupEngine(wiring.Component):
             wiring.connect(m, unit.push.req, push_arb.inputs[u])
             m.d.comb += [unit.push.rsp.valid.eq(prsp.valid & (prsp.payload.id == self.id_base + u)),
                          unit.push.rsp.payload.eq(prsp.payload)]
-            unit_idle.append(unit.idle & queues_empty[0] & queues_empty[1])
+            unit_idle.append(unit.idle & Cat(*queues_empty).all())
             media_error.append(unit.media_error)
             cache_error.append(unit.cache_error)
         m.d.comb += feeder.items.ready.eq(items_ready)

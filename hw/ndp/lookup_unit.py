@@ -1,8 +1,9 @@
 """LookupUnit: one 16-lane FP32 reduce pipeline of the lookup engine, with its own memory port.
 
 Ports
-- ``items[0]``, ``items[1]``: In streams of ``lookup_item_layout`` (hw/ndp/lookup_feeder.py):
-  two bag contexts, each in bag order. Rows of the two are interleaved (see below).
+- ``items[c]``, c = 0..contexts-1: In streams of ``lookup_item_layout``
+  (hw/ndp/lookup_feeder.py): the bag contexts, each in bag order. Rows of different contexts
+  are interleaved (see below).
 - ``mem``: Out(client_port_signature(addr_bits, rob_bits)): row reads (``ctx`` = reorder
   slot) and, when pooled vectors stay in device memory, their writes.
 - ``push``: Out(cache_port_signature()): PUSH requests of pooled vectors to host memory
@@ -14,17 +15,21 @@ Ports
 
 Datapath. Each ROW item becomes dim/16 line reads issued in order, each into a reorder
 slot (``rob_depth`` slots, enough to cover the media latency at this unit's share of the
-bandwidth); the issue stage alternates between the two contexts row by row when both have
-work. Lines retire in issue order into 16 Fp32Fma lanes (hw/common/fp32.py), one
-line per cycle: acc[k] = acc[k] + row (SUM, MEAN) or fma(w, row, acc[k]) (WEIGHTED_SUM),
-starting from +0.0, with ``k`` the line within the row: the exact operation order of
-architecture.md §5, per bag and lane (accumulators are per context and line). An EMPTY
-bag retires dim/16 lines of +0.0 + +0.0 (an ADD in every mode: its item's weight is never
-used). A line whose chain predecessor is still inside the
-FMA (L = 5 stages with ``fp32_pipeline="compact"``, 12 with "deep") waits (the predecessor's
-result is forwarded in the cycle it leaves the pipeline), so with rows of n = dim/16 lines a
-unit retires about min(1, 2n/L) lines per cycle while both contexts have bags (n/L with
-one); the feeder spreads bags over the contexts of several units to fill the memory channels.
+bandwidth); the issue stage takes the contexts round robin, row by row, skipping a context
+without work at a row's start. Lines retire in issue order, one per cycle, through an
+operand stage (registers: the line, its weight; the accumulator is read and the forward
+chosen there) into 16 Fp32Fma lanes (hw/common/fp32.py): acc[k] = acc[k] + row (SUM, MEAN)
+or fma(w, row, acc[k]) (WEIGHTED_SUM), starting from +0.0, with ``k`` the line within the
+row: the exact operation order of architecture.md §5, per bag and lane (accumulators are
+per context and line). An EMPTY bag retires dim/16 lines of +0.0 + +0.0 (an ADD in every
+mode: its item's weight is never used). A line whose chain predecessor retired less than L
+cycles before waits (L = the FMA's latency, 5 with ``fp32_pipeline="compact"``, 12 with
+"deep"; the predecessor's result is forwarded into the operand stage in the cycle it leaves
+the FMA), so with rows of n = dim/16 lines and C = ``contexts`` a unit retires about
+min(1, Cn/L) lines per cycle while all its contexts have bags (n/L with one); the feeder
+spreads bags over the contexts of several units to fill the memory channels. The deep FMA
+needs more contexts for the same rate (rm1's two-line rows: C = 2 gives 4/12, C = 8 all
+of it).
 The last line of each chain goes out: MEAN divides each lane by the bag length with one
 Fp32DivInt (16 cycles per line; an empty bag stays +0.0), then the line is written to
 device memory or pushed to the host. An ABORT item drops the bag in progress.
@@ -47,8 +52,11 @@ MAX_DIM_LINES = 16
 
 class LookupUnit(wiring.Component):
     def __init__(self, *, addr_bits: int, item_layout, unit_id: int, rob_depth: int = 128,
-                 out_depth: int | None = None, fp32_pipeline: str = "compact"):
+                 out_depth: int | None = None, fp32_pipeline: str = "compact", contexts: int = 2):
         assert rob_depth & (rob_depth - 1) == 0
+        assert contexts >= 2 and contexts & (contexts - 1) == 0, "contexts: a power of two, at least 2"
+        self.contexts = contexts
+        self.cbits = (contexts - 1).bit_length()
         self.addr_bits = addr_bits
         self.rob_depth = rob_depth
         self.ctx_bits = (rob_depth - 1).bit_length()
@@ -58,7 +66,7 @@ class LookupUnit(wiring.Component):
         self.out_depth = out_depth if out_depth is not None else max(8, self.fma_latency + 3)
         self.unit_id = unit_id
         super().__init__({
-            "items": In(stream.Signature(item_layout)).array(2),
+            "items": In(stream.Signature(item_layout)).array(contexts),
             "mem": Out(client_port_signature(addr_bits, self.ctx_bits)),
             "push": Out(cache_port_signature()),
             "out_to_host": In(1),
@@ -70,12 +78,14 @@ class LookupUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        R, sb = self.rob_depth, self.ctx_bits
+        R, sb, C = self.rob_depth, self.ctx_bits, self.contexts
+        # ``k``: the accumulator line, {context, line within the row}.
+        kb = 4 + self.cbits
         meta_layout = data.StructLayout({
-            "kind": ItemKind, "k": 5, "first": 1, "last": 1, "mode": 2, "length": 16,
+            "kind": ItemKind, "k": kb, "first": 1, "last": 1, "mode": 2, "length": 16,
             "weight": 32, "out_line": LINE_ADDR_BITS})
         tag_layout = data.StructLayout({
-            "k": 5, "last": 1, "mode": 2, "length": 16, "out_line": LINE_ADDR_BITS})
+            "k": kb, "last": 1, "mode": 2, "length": 16, "out_line": LINE_ADDR_BITS})
 
         m.submodules.rob_meta = rob_meta = memory.Memory(shape=meta_layout, depth=R, init=[])
         m.submodules.rob_data = rob_data = memory.Memory(shape=LINE_BITS, depth=R, init=[])
@@ -86,17 +96,29 @@ class LookupUnit(wiring.Component):
         ready = Signal(R)
 
         # ---- issue: items -> reorder slots (+ row reads) ---------------------------------
-        # Context choice: stay on ``sel`` inside a row; at a row boundary take the other
-        # context when ``sel`` has nothing (``sel`` flips after every row).
-        sel = Signal()
+        # Context choice: stay on ``sel`` inside a row; at a row boundary take ``sel`` when it
+        # has an item, else the next context round robin that has one (``sel`` moves on to the
+        # context after the one that finished a row).
+        sel = Signal(self.cbits)
         k = Signal(4)
-        ctx_now = Signal()
-        valid_of = [self.items[0].valid, self.items[1].valid]
-        m.d.comb += ctx_now.eq(Mux((k == 0) & ~Mux(sel, valid_of[1], valid_of[0]), ~sel, sel))
+        ctx_now = Signal(self.cbits)
+        valid_of = Signal(C)
+        m.d.comb += valid_of.eq(Cat(*(s.valid for s in self.items)))
+        next_valid = Signal(self.cbits)
+        with m.Switch(sel):              # a case per sel value: constant context numbers
+            for r in range(C):
+                with m.Case(r):
+                    for off in reversed(range(C)):
+                        with m.If(valid_of[(r + off) % C]):
+                            m.d.comb += next_valid.eq((r + off) % C)
+        m.d.comb += ctx_now.eq(Mux(k == 0, next_valid, sel))
         item = Signal.like(self.items[0].payload)
         items_valid = Signal()
-        m.d.comb += [item.eq(Mux(ctx_now, self.items[1].payload, self.items[0].payload)),
-                     items_valid.eq(Mux(ctx_now, valid_of[1], valid_of[0]))]
+        m.d.comb += [item.eq(self.items[0].payload), items_valid.eq(valid_of.bit_select(ctx_now, 1))]
+        with m.Switch(ctx_now):
+            for c in range(1, C):
+                with m.Case(c):
+                    m.d.comb += item.eq(self.items[c].payload)
         rob_full = Signal()
         m.d.comb += rob_full.eq((tail - head)[:sb + 1] == R)
         read_req = Signal()              # wants the memory request port for a row read
@@ -129,11 +151,9 @@ class LookupUnit(wiring.Component):
         with m.If(alloc):
             m.d.sync += [tail.eq(tail + 1), row_line_next.eq(row_line + 1), out_line_next.eq(out_line + 1)]
             with m.If(row_done):
-                m.d.sync += [k.eq(0), sel.eq(~ctx_now)]
-                with m.If(ctx_now):
-                    m.d.comb += self.items[1].ready.eq(1)
-                with m.Else():
-                    m.d.comb += self.items[0].ready.eq(1)
+                m.d.sync += [k.eq(0), sel.eq(ctx_now + 1)]
+                for c in range(C):
+                    m.d.comb += self.items[c].ready.eq(ctx_now == c)
             with m.Else():              # inside a row: stay on its context
                 m.d.sync += [k.eq(k + 1), sel.eq(ctx_now)]
 
@@ -160,19 +180,20 @@ class LookupUnit(wiring.Component):
         o_line = Signal(LINE_BITS)
         m.d.comb += [o_tag.eq(lanes[0].o_tag), o_line.eq(Cat(*(lane.o_result for lane in lanes)))]
 
-        m.submodules.acc = acc = memory.Memory(shape=LINE_BITS, depth=2 * MAX_DIM_LINES, init=[])
+        m.submodules.acc = acc = memory.Memory(shape=LINE_BITS, depth=C * MAX_DIM_LINES, init=[])
         acc_w, acc_r = acc.write_port(), acc.read_port(domain="comb")
         m.d.comb += [acc_w.addr.eq(o_tag.k), acc_w.data.eq(o_line), acc_w.en.eq(o_valid)]
 
         meta = meta_r.data
-        m.d.comb += [meta_r.addr.eq(head[:sb]), data_r.addr.eq(head[:sb]), acc_r.addr.eq(meta.k)]
-        H = self.fma_latency - 1         # lines issued 1..H cycles ago are still inside the FMA
-        hist_valid = Signal(H)
-        hist_k = [Signal(5, name=f"hist_k{i}") for i in range(H)]
+        m.d.comb += [meta_r.addr.eq(head[:sb]), data_r.addr.eq(head[:sb])]
+        # Lines retired 1..H cycles ago have no result yet (the operand stage, then L - 1 FMA
+        # stages): a line of the same chain waits; one retired L cycles ago has its result
+        # forwarded in the operand stage.
+        H = self.fma_latency - 1
+        hist_valid = Signal(H + 1)       # one more: the line retired L cycles ago (idle only)
+        hist_k = [Signal(kb, name=f"hist_k{i}") for i in range(H)]
         hazard = Signal()
         m.d.comb += hazard.eq(~meta.first & Cat(*[hist_valid[i] & (hist_k[i] == meta.k) for i in range(H)]).any())
-        forward = Signal()
-        m.d.comb += forward.eq(o_valid & (o_tag.k == meta.k))
 
         # Output credit: results that will need a place in the output FIFO.
         m.submodules.out_fifo = out_fifo = fifo.SyncFIFOBuffered(
@@ -193,29 +214,48 @@ class LookupUnit(wiring.Component):
             m.d.sync += head.eq(head + 1)
             m.d.comb += clr_mask.eq(Const(1, R) << head[:sb])
         m.d.sync += ready.eq((ready & ~clr_mask) | fill_mask | instant_mask)
-        m.d.sync += [hist_valid.eq(Cat(to_fma, hist_valid[:H - 1])), hist_k[0].eq(meta.k)]
+        m.d.sync += [hist_valid.eq(Cat(to_fma, hist_valid[:H])), hist_k[0].eq(meta.k)]
         m.d.sync += [hist_k[i].eq(hist_k[i - 1]) for i in range(1, H)]
         o_last = o_valid & o_tag.last
         m.d.sync += lasts_in_flight.eq(lasts_in_flight + (to_fma & meta.last) - o_last)
 
+        # ---- operand stage: the retired line in registers, its accumulator read here ------
+        # The retire decision (the head's reorder-buffer read, the chain hazard, the output
+        # credit) and the operand muxes stood in one cycle in front of the FMA's first stage
+        # (17 LUT levels in the device). A chain's lines still follow each other L cycles
+        # apart: both the line and its predecessor's result arrive a cycle later.
         empty = meta.kind == ItemKind.EMPTY
-        # An EMPTY bag is +0.0 + +0.0 in every mode: it has no weight of its own, and
-        # fma(w, +0.0, +0.0) would be NaN for an infinite or NaN w.
-        weighted = (meta.mode == PoolMode.WEIGHTED_SUM) & ~empty
+        op_valid = Signal()
+        op_k = Signal(kb)
+        op_first = Signal()
+        op_row = Signal(LINE_BITS)
+        op_weight = Signal(32)
+        op_weighted = Signal()
+        op_tag = Signal(tag_layout)
+        m.d.sync += op_valid.eq(to_fma)
+        with m.If(to_fma):
+            m.d.sync += [
+                op_k.eq(meta.k), op_first.eq(meta.first), op_weight.eq(meta.weight),
+                # An EMPTY bag is +0.0 + +0.0 in every mode: it has no weight of its own, and
+                # fma(w, +0.0, +0.0) would be NaN for an infinite or NaN w.
+                op_row.eq(Mux(empty, 0, data_r.data)),
+                op_weighted.eq((meta.mode == PoolMode.WEIGHTED_SUM) & ~empty),
+                op_tag.k.eq(meta.k), op_tag.last.eq(meta.last), op_tag.mode.eq(meta.mode),
+                op_tag.length.eq(meta.length), op_tag.out_line.eq(meta.out_line),
+            ]
+        forward = Signal()
+        m.d.comb += [acc_r.addr.eq(op_k), forward.eq(o_valid & (o_tag.k == op_k))]
         for i, lane in enumerate(lanes):
-            row = Mux(empty, 0, data_r.data.word_select(i, 32))
-            acc_in = Mux(meta.first, 0, Mux(forward, o_line.word_select(i, 32), acc_r.data.word_select(i, 32)))
+            row = op_row.word_select(i, 32)
+            acc_in = Mux(op_first, 0, Mux(forward, o_line.word_select(i, 32), acc_r.data.word_select(i, 32)))
             m.d.comb += [
-                lane.i_valid.eq(to_fma),
-                lane.op.eq(Mux(weighted, FmaOp.FMA, FmaOp.ADD)),
-                lane.a.eq(Mux(weighted, meta.weight, row)),
-                lane.b.eq(Mux(weighted, row, ONE)),
+                lane.i_valid.eq(op_valid),
+                lane.op.eq(Mux(op_weighted, FmaOp.FMA, FmaOp.ADD)),
+                lane.a.eq(Mux(op_weighted, op_weight, row)),
+                lane.b.eq(Mux(op_weighted, row, ONE)),
                 lane.c.eq(acc_in),
             ]
-        tag_in = Signal(tag_layout)
-        m.d.comb += [tag_in.k.eq(meta.k), tag_in.last.eq(meta.last), tag_in.mode.eq(meta.mode),
-                     tag_in.length.eq(meta.length), tag_in.out_line.eq(meta.out_line),
-                     lanes[0].i_tag.eq(tag_in)]
+        m.d.comb += lanes[0].i_tag.eq(op_tag)
         for lane in lanes[1:]:
             m.d.comb += lane.i_tag.eq(0)
 
@@ -283,6 +323,6 @@ class LookupUnit(wiring.Component):
         # out_fifo.level, not r_rdy: a line written into the buffered FIFO spends a cycle in
         # its storage before r_rdy rises, and in that cycle the unit must not look idle (the
         # command would complete before its last pooled line is written or pushed).
-        m.d.comb += self.idle.eq(~valid_of[0] & ~valid_of[1] & (head == tail) & (hist_valid == 0) & ~o_valid &
+        m.d.comb += self.idle.eq((valid_of == 0) & (head == tail) & ~op_valid & (hist_valid == 0) & ~o_valid &
                                  (out_fifo.level == 0) & (writes_out == 0) & (pushes_out == 0))
         return m
