@@ -127,6 +127,7 @@ class CommandProcessor(wiring.Component):
         slot_base = Signal(33)
         m.d.comb += slot_base.eq(region.log_base + Mux(cmd.batch[0], region.slot_lines, 0))
         logged = Signal(LogRecord)           # the LOGGED record read before the update
+        logged_line = Signal(LINE_BITS)      # ... the whole line (its CRC covers all of it)
         logged_ok = Signal()                 # ... and it is batch k's valid LOGGED record of the slot
         record_bits = LogRecord.as_shape().size
         crc_lsb = LogRecord.as_shape()["crc"].offset
@@ -242,13 +243,17 @@ class CommandProcessor(wiring.Component):
                         m.next = "WAIT_LOGGED"
             with m.State("WAIT_LOGGED"):
                 with m.If(rsp.valid):
-                    m.d.sync += [logged.eq(record_line[:record_bits]),
-                                 logged_ok.eq(record_valid(record_line, slot=cmd.batch[0], state=LogState.LOGGED,
-                                                           batch=cmd.batch))]
+                    m.d.sync += [logged.eq(record_line[:record_bits]), logged_line.eq(record_line)]
                     with m.If(rsp.payload.error | rsp.payload.poison):
                         fail(NdpError.MEDIA, 0)
                     with m.Else():
-                        m.next = "CHECK_LOGGED"
+                        m.next = "CRC_LOGGED"
+            with m.State("CRC_LOGGED"):
+                # The record's CRC and checks from the registered record, a cycle after its
+                # read: from the response (the memory port's data) they were 12 LUT levels.
+                m.d.sync += logged_ok.eq(record_valid(logged_line, slot=cmd.batch[0], state=LogState.LOGGED,
+                                                      batch=cmd.batch))
+                m.next = "CHECK_LOGGED"
             with m.State("CHECK_LOGGED"):
                 with m.If(logged_ok):
                     m.next = "START"
