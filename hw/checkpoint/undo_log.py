@@ -112,7 +112,7 @@ from ..common.cxl_mem import LINE_BITS, LINE_BYTES
 from ..mem.arbiter import MemPortArbiter, client_port_signature, connect_port
 from ..ndp.command import MAX_TABLES, TABLE_ID_BITS, AddressFault, NdpError, engine_control_signature
 from ..ndp.element_reader import ElementReader
-from .crc import crc32_line, crc32_single_line
+from .crc import crc32_data_part, crc32_line, crc32_single_line, crc32_state_part
 from .log_format import (CRC_INIT, ENTRY_MAGIC, GROUP_ENTRIES, GROUP_MAGIC, LOG_MAGIC, RECORD_LINE_LOGGED,
                          SLOT_HEADER_LINES, EntryCrcPrefix, EntryGroup, EntryInfo, LogRecord, LogRegion, LogState,
                          log_region_fits, record_crc_offset)
@@ -383,6 +383,16 @@ class UndoLogEngine(wiring.Component):
         m.d.comb += ring_used.eq(r_tail - r_head)      # modulo 2*RING (the difference is wider)
         m.d.comb += [ring_wp.addr.eq(copy.rd_rsp.payload.ctx), ring_wp.data.eq(copy.rd_rsp.payload.data),
                      ring_wp.en.eq(copy.rd_rsp.valid), ring_rp.addr.eq(r_head[:RB])]
+        # Each line's CRC data part, computed as it arrives and kept beside it: the CRC
+        # register's update is linear (hw/checkpoint/crc.py), so the writer xors only the 32
+        # state bits' part and this. The line's 512-input xor trees behind the ring's read
+        # were the engine's deepest path (12 LUT levels, the ring head -> the CRC register).
+        m.submodules.ring_crc = ring_crc = memory.Memory(shape=32, depth=RING, init=[])
+        ring_crc_wp = ring_crc.write_port()
+        ring_crc_rp = ring_crc.read_port(domain="comb")
+        m.d.comb += [ring_crc_wp.addr.eq(copy.rd_rsp.payload.ctx),
+                     ring_crc_wp.data.eq(crc32_data_part(copy.rd_rsp.payload.data)),
+                     ring_crc_wp.en.eq(copy.rd_rsp.valid), ring_crc_rp.addr.eq(r_head[:RB])]
 
         # Issuer: row-line reads of the key queue's head entry; the entry goes to the writer with
         # its first read.
@@ -435,7 +445,8 @@ class UndoLogEngine(wiring.Component):
         release = Signal()
         with m.If(src_wr.ready & payload_phase):
             m.d.comb += release.eq(1)
-            m.d.sync += [crc.eq(crc32_line(crc, ring_rp.data)), r_head.eq(r_head + 1), k_wr.eq(k_wr + 1)]
+            m.d.sync += [crc.eq(crc32_state_part(crc) ^ ring_crc_rp.data), r_head.eq(r_head + 1),
+                         k_wr.eq(k_wr + 1)]
         with m.If(w_finish):
             m.d.sync += [wv.eq(0), grp.entries[cur.gslot].eq(cur_info)]
         nxt = Signal(entry_layout)
