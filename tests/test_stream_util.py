@@ -94,3 +94,40 @@ def test_one_hot_index_and_select():
     sim = Simulator(m)
     sim.add_testbench(bench)
     sim.run()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_round_robin_grant_order(n):
+    """RoundRobinArbiter against a reference model of its contract: each cycle the granted
+    input is the first valid one after the last input that completed a transfer (input 0
+    first after reset), ``o`` carries its payload, only it sees ``o.ready``; random valid and
+    ready, 600 cycles, seed printed."""
+    from hw.common.stream_util import RoundRobinArbiter
+    seed = 100 + n
+    print(f"RoundRobinArbiter n={n} seed {seed}")
+    rng = random.Random(seed)
+    dut = RoundRobinArbiter(8, n)
+
+    async def bench(ctx):
+        last = n - 1
+        for cycle in range(600):
+            valid = [rng.random() < 0.5 for _ in range(n)]
+            ready = rng.random() < 0.7
+            for k, inp in enumerate(dut.inputs):
+                ctx.set(inp.valid, int(valid[k]))
+                ctx.set(inp.payload, 16 * k + cycle % 16)
+            ctx.set(dut.o.ready, int(ready))
+            want = next(((last + d) % n for d in range(1, n + 1) if valid[(last + d) % n]), None)
+            assert ctx.get(dut.o.valid) == (want is not None), cycle
+            if want is not None:
+                assert ctx.get(dut.o.payload) == 16 * want + cycle % 16, (cycle, want)
+            for k, inp in enumerate(dut.inputs):
+                assert ctx.get(inp.ready) == int(k == want and ready), (cycle, k, want)
+            if want is not None and ready:
+                last = want
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()

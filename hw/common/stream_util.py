@@ -16,9 +16,11 @@ The grant rotates past the last input that completed a transfer, so every input 
 ``valid`` high is served within N transfers (no starvation). Payloads are never reordered
 within one input.
 """
-from amaranth import Module, Signal
+from amaranth import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
+
+from .onehot import one_hot_select
 
 
 class RoundRobinArbiter(wiring.Component):
@@ -37,27 +39,31 @@ class RoundRobinArbiter(wiring.Component):
         m = Module()
         n = self._n
         inputs = self.inputs
-        last = Signal(range(n), init=n - 1)     # last input granted a transfer
-        grant = Signal(range(n))
-        any_valid = Signal()
-        m.d.comb += any_valid.eq(sum(i.valid for i in inputs) != 0) if n > 1 else \
-            any_valid.eq(inputs[0].valid)
-        # Priority order starting after `last`: scan candidates from highest to lowest
-        # priority so the last assignment (highest priority) wins.
-        for offset in reversed(range(1, n + 1)):
-            for k in range(n):
-                with m.If((last == (k - offset) % n) & inputs[k].valid):
-                    m.d.comb += grant.eq(k)
-        with m.Switch(grant):
-            for k in range(n):
-                with m.Case(k):
-                    m.d.comb += [
-                        self.o.payload.eq(inputs[k].payload),
-                        inputs[k].ready.eq(self.o.ready),
-                    ]
-        m.d.comb += self.o.valid.eq(any_valid)
+        valid = Signal(n)
+        m.d.comb += valid.eq(Cat(i.valid for i in inputs))
+        # One-hot grant: the first valid input after the last one granted (``after``: a
+        # register, the inputs above it), else the first valid input. Prefix ORs of the
+        # valid bits, not a scan over every (last, input) pair: the grant's index came out
+        # of an n * n priority chain and fed the payload mux and every input's ready
+        # (12 LUT levels on the shared memory port's 7-way merge).
+        after = Signal(n)                   # inputs k > last granted (none after reset)
+        pick_after = Signal(n)
+        pick_any = Signal(n)
+        grant = Signal(n)
+
+        def first_set(bits):
+            return Cat(bits[k] & ~bits[:k].any() if k else bits[0] for k in range(n))
+        m.d.comb += [
+            pick_after.eq(first_set(valid & after)),
+            pick_any.eq(first_set(valid)),
+            grant.eq(Mux((valid & after).any(), pick_after, pick_any)),
+            self.o.valid.eq(valid.any()),
+            self.o.payload.eq(one_hot_select(grant, [Value.cast(i.payload) for i in inputs])),
+        ]
+        for k, inp in enumerate(inputs):
+            m.d.comb += inp.ready.eq(grant[k] & self.o.ready)
         with m.If(self.o.valid & self.o.ready):
-            m.d.sync += last.eq(grant)
+            m.d.sync += after.eq(Cat(grant[:k].any() if k else Const(0, 1) for k in range(n)))
         return m
 
 
