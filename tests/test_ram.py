@@ -30,11 +30,12 @@ def _build(ram_cls, *, width, depth, writes, reads, granularity=None):
     ram_w = [ram.write_port() for _ in range(writes)]
     ref_w = [ref.write_port(granularity=granularity) for _ in range(writes)]
     ram_r, ref_r = [], []
-    for domain, transparent in reads:
+    for domain, transparent, *late in reads:
         if ram_cls is BypassRam:
             ram_r.append(ram.read_port(domain=domain, bypass=bool(transparent)))
         else:
-            ram_r.append(ram.read_port(domain=domain, transparent_for=[ram_w[i] for i in transparent]))
+            ram_r.append(ram.read_port(domain=domain, transparent_for=[ram_w[i] for i in transparent],
+                                       late_pick=bool(late)))
         ref_r.append(ref.read_port(domain=domain, transparent_for=[ref_w[i] for i in transparent]))
     return m, (ram_w, ram_r), (ref_w, ref_r)
 
@@ -75,8 +76,16 @@ def _run(m, dut, ref, *, width, depth, cycles, seed, chunks=1, collide=True):
             for rr, fr in zip(ram_r, ref_r):
                 # Reads mostly hit an address written this cycle or the last.
                 addr = rng.choice(sorted(used)) if used and rng.random() < 0.6 else rng.randrange(depth)
-                for p in (rr, fr):
-                    ctx.set(p.addr, addr)
+                if getattr(rr, "late_pick", False):     # the address as one of two candidates
+                    pick = rng.getrandbits(1)
+                    other = rng.choice(sorted(used)) if used and rng.random() < 0.6 else rng.randrange(depth)
+                    ctx.set(rr.addr_cand[pick], addr)
+                    ctx.set(rr.addr_cand[1 - pick], other)
+                    ctx.set(rr.pick, pick)
+                    ctx.set(fr.addr, addr)
+                else:
+                    for p in (rr, fr):
+                        ctx.set(p.addr, addr)
                 if rr.en is not None:
                     en = int(rng.random() < 0.85)
                     ctx.set(rr.en, en)
@@ -103,6 +112,9 @@ CASES = {
     # the update engine's scratchpad: fills and FMA results in; the FMA operand (transparent
     # for the FMA results) and the write-backs out
     "lvt_2w2r_scratch": dict(cls=LvtRam, width=24, depth=8, writes=2, reads=[("sync", [1]), ("sync", [])]),
+    # ... with the FMA operand's address picked late from two candidates (window entries A, B)
+    "lvt_2w2r_scratch_late_pick": dict(cls=LvtRam, width=24, depth=8, writes=2,
+                                       reads=[("sync", [1], "late"), ("sync", [], "late")]),
     # the CXL.cache agent's tracker data: two writers, three asynchronous readers
     "lvt_2w3r_comb": dict(cls=LvtRam, width=16, depth=8, writes=2, reads=[("comb", [])] * 3),
     "lvt_3w2r_both_transparent": dict(cls=LvtRam, width=8, depth=4, writes=3,

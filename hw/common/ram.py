@@ -23,7 +23,10 @@ get from a multi-port ``amaranth.lib.memory.Memory`` with those rules kept:
     the LVT records one of them (the multi-port memory's own rule) and that port's bank holds
     its data, so a read returns one of the written words, never a mix. Synchronous read
     ports are non-transparent by default and may be ``transparent_for`` a set of write ports
-    through a bypass register (as ``BypassRam``). The LVT is the only flip-flop storage,
+    through a bypass register (as ``BypassRam``). A synchronous read port with
+    ``late_pick=True`` takes two candidate addresses (``addr_cand``) and ``pick``: the LVT is
+    read and the bypass compared at both, and ``pick`` chooses last, so a late-decided pick
+    reaches only the banks' address and two registers. The LVT is the only flip-flop storage,
     so keep ``depth * ceil(log2 W)`` small (4 kbit). Whole-word writes only (no
     ``granularity``).
 
@@ -49,12 +52,25 @@ class _WritePort:
 
 
 class _ReadPort:
-    def __init__(self, name: str, addr_bits: int, width: int, domain: str, transparent_for):
+    def __init__(self, name: str, addr_bits: int, width: int, domain: str, transparent_for, late_pick=False):
         self.domain = domain
         self.addr = Signal(addr_bits, name=f"{name}_addr")
         self.data = Signal(width, name=f"{name}_data")
         self.en = Signal(init=1, name=f"{name}_en") if domain != "comb" else None
         self.transparent_for = tuple(transparent_for)
+        # late_pick: the address is one of two candidates, ``addr_cand[pick]`` (``addr``
+        # follows it; drive the candidates and ``pick``, not ``addr``).
+        self.late_pick = late_pick
+        if late_pick:
+            self.addr_cand = [Signal(addr_bits, name=f"{name}_addr_cand{i}") for i in range(2)]
+            self.pick = Signal(name=f"{name}_pick")
+
+    def addr_match(self, addr):
+        """1 when ``addr`` equals this port's address; with ``late_pick`` the compare is made
+        with both candidates and picked last (``pick`` stays off the compare)."""
+        if self.late_pick:
+            return Mux(self.pick, addr == self.addr_cand[1], addr == self.addr_cand[0])
+        return addr == self.addr
 
 
 def _width(shape) -> int:
@@ -85,14 +101,16 @@ class _RamBase(Elaboratable):
         self._write_ports.append(port)
         return port
 
-    def _new_read_port(self, domain, transparent_for) -> _ReadPort:
+    def _new_read_port(self, domain, transparent_for, late_pick=False) -> _ReadPort:
         for wp in transparent_for:
             if wp not in self._write_ports:
                 raise ValueError("transparent_for names a write port of another memory")
         if domain == "comb" and transparent_for:
             raise ValueError("an asynchronous read port sees every write after its cycle already")
+        if domain == "comb" and late_pick:
+            raise ValueError("late_pick is for synchronous read ports")
         port = _ReadPort(f"{self.name}_r{len(self._read_ports)}", self.addr_bits, self.width, domain,
-                         transparent_for)
+                         transparent_for, late_pick)
         self._read_ports.append(port)
         return port
 
@@ -110,7 +128,7 @@ class _RamBase(Elaboratable):
             with m.If(rp.en):
                 m.d.sync += hit.eq(0)
                 for wp in write_ports:
-                    with m.If(wp.en[c] & (wp.addr == rp.addr)):
+                    with m.If(wp.en[c] & rp.addr_match(wp.addr)):
                         m.d.sync += [hit.eq(1), held.eq(wp.data[c * G:(c + 1) * G])]
             chunks.append(Mux(hit, held, mem_data[c * G:(c + 1) * G]))
         m.d.comb += rp.data.eq(Cat(*chunks))
@@ -150,8 +168,8 @@ class LvtRam(_RamBase):
     def __init__(self, *, shape, depth: int, name: str = "ram"):
         super().__init__(shape=shape, depth=depth, name=name)
 
-    def read_port(self, *, domain: str = "sync", transparent_for=()) -> _ReadPort:
-        return self._new_read_port(domain, transparent_for)
+    def read_port(self, *, domain: str = "sync", transparent_for=(), late_pick: bool = False) -> _ReadPort:
+        return self._new_read_port(domain, transparent_for, late_pick)
 
     def elaborate(self, platform):
         m = Module()
@@ -165,10 +183,22 @@ class LvtRam(_RamBase):
             lw = lvt.write_port()
             m.d.comb += [lw.addr.eq(wp.addr), lw.data.eq(i), lw.en.eq(wp.en)]
         for j, rp in enumerate(self._read_ports):
-            lr = lvt.read_port(domain=rp.domain)
-            m.d.comb += lr.addr.eq(rp.addr)
-            if rp.domain != "comb":
-                m.d.comb += lr.en.eq(rp.en)
+            if rp.late_pick:
+                # The table is read at both candidates and the pick is registered with the
+                # result, so ``pick`` does not stand in front of the table's read mux.
+                m.d.comb += rp.addr.eq(Mux(rp.pick, rp.addr_cand[1], rp.addr_cand[0]))
+                lr_cand = [lvt.read_port(domain="comb") for _ in range(2)]
+                for lc, a in zip(lr_cand, rp.addr_cand, strict=True):
+                    m.d.comb += lc.addr.eq(a)
+                lr = Signal.like(lr_cand[0].data, name=f"{self.name}_r{j}_lvt")
+                with m.If(rp.en):
+                    m.d.sync += lr.eq(Mux(rp.pick, lr_cand[1].data, lr_cand[0].data))
+            else:
+                lr_port = lvt.read_port(domain=rp.domain)
+                m.d.comb += lr_port.addr.eq(rp.addr)
+                if rp.domain != "comb":
+                    m.d.comb += lr_port.en.eq(rp.en)
+                lr = lr_port.data
             # One replica per (write port, read port): each a one-write one-read RAM.
             bank_data = []
             for i, wp in enumerate(self._write_ports):
@@ -182,7 +212,7 @@ class LvtRam(_RamBase):
                     m.d.comb += br.en.eq(rp.en)
                 bank_data.append(br.data)
             selected = Signal(self.width, name=f"{self.name}_r{j}_bank")
-            with m.Switch(lr.data):
+            with m.Switch(lr):
                 for i, d in enumerate(bank_data):
                     with m.Case(i):
                         m.d.comb += selected.eq(d)
