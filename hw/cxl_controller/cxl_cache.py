@@ -15,7 +15,8 @@ Structure
 - Trackers: ``trackers`` CQIDs; one per D2H request in flight, holding the request's line,
   its flow, what has arrived (data, GO, pull) and a 64-byte buffer (write data, read data,
   or an evicted line). Reads, writes and pushes to different lines overlap freely.
-- Front end (in order, one port request per cycle): a hit is served from the cache; a miss
+- Front end (in order, one port request per cycle, two stages: the lookups of a request are
+  registered before it is decided, see the code): a hit is served from the cache; a miss
   allocates a tracker and sends the D2H request. A fill whose slot holds another valid line
   first evicts it (DirtyEvict for M, CleanEvict for E: the line moves to an evict tracker
   and the slot frees at once; an S copy is dropped silently). PUSH / PUSH_INV / FLUSH drop the local copy first.
@@ -72,12 +73,13 @@ from ..common.cxl_mem import LINE_ADDR_BITS, LINE_BITS
 from ..common.onehot import one_hot_index, one_hot_select
 from ..common.stream_util import RoundRobinArbiter, RegisterSlice
 from ..common.ram import LvtRam
-from .cache_port import CacheRsp, CacheOp, cache_port_signature
+from .cache_port import CacheReq, CacheRsp, CacheOp, cache_port_signature
 from .cxl_mem import FWD
 
 # Cycles from a port request's handshake to its answer's handshake when it hits (an
-# always-ready client): the hit FIFO (2) plus the response merge.
-HIT_LATENCY = 2
+# always-ready client): the front end's second stage (1), the hit FIFO (2) plus the response
+# merge.
+HIT_LATENCY = 3
 
 CACHE_EVENTS = ("d2h_req", "snoop", "snoop_hit", "evict_dirty", "evict_clean", "bogus",
                 "go_err", "hit", "miss", "unexpected_fwd", "stray", "snoop_rsvd")
@@ -183,7 +185,8 @@ class CxlCacheAgent(wiring.Component):
         c_state = Array(Signal(Mesi, name=f"c_state{i}") for i in range(slots))
         m.submodules.c_tags = c_tags = memory.Memory(shape=tag_bits, depth=slots, init=[])
         c_tag_wr = c_tags.write_port()
-        c_tag_fe = c_tags.read_port(domain="comb")
+        c_tag_fe = c_tags.read_port(domain="comb")          # the front end's F2 request
+        c_tag_f1 = c_tags.read_port(domain="comb")          # ... and its F1 request
         c_tag_snp = c_tags.read_port(domain="comb")
         m.submodules.c_data = c_data = memory.Memory(shape=LINE_BITS, depth=slots, init=[])
         c_wr = c_data.write_port()
@@ -596,25 +599,68 @@ class CxlCacheAgent(wiring.Component):
                      bg_set.en.eq(s_go & ~s_hit & ev_changes.any())]
 
         # ------------------------------------------------------------ front end
-        req = self.port.req.payload
+        # Two stages. F1 is the port's next request; every cycle the line's lookups (the cache's
+        # tag and state, the 64 trackers' line and slot compares) are computed for both F1's
+        # and F2's request and registered, and F2 decides from the registered set of the
+        # request it holds: the compares and the decision in one cycle were the agent's
+        # deepest paths (14 LUT levels: the tag compare -> the allocation -> the free CQID ->
+        # the tracker buffer; a tracker's address -> the 64-way compare -> the port's ready).
+        # A registered lookup is a cycle old; what can change in that cycle is mended:
+        # - a tracker allocated by F2 in that cycle (the one way a tracker appears): its line
+        #   and fill slot are compared with the request F1 hands on, and registered with it;
+        # - a tracker freed in that cycle: the request waits a cycle (still busy, stale);
+        # - the cache slot written in that cycle (a fill by the finisher, a snoop's new state,
+        #   F2's own hit write, eviction or drop): a request for that slot waits a cycle, and
+        #   the lookup of the next cycle is fresh.
+        in_req = self.port.req
+        f1_req = in_req.payload            # F1: the port's request (a register slice's, in the device)
+        f2_valid = Signal(name="fe2_valid")
+        req = Signal(CacheReq, name="fe2_req")
+        f2_fire = Signal()                 # F2's request leaves (served or allocated)
+        f2_free = Signal()
+        moved = Signal()                   # F2's request came from F1 in the cycle before
+        m.d.comb += [f2_free.eq(~f2_valid | f2_fire), in_req.ready.eq(f2_free)]
+        with m.If(f2_free):
+            m.d.sync += [f2_valid.eq(in_req.valid), req.eq(in_req.payload)]
+        m.d.sync += moved.eq(f2_free)
+
+        lookup = data.StructLayout({"hit": 1, "state": Mesi, "line_busy": 1, "slot_busy": 1})
+        lk_f1, lk_f2 = Signal(lookup, name="fe1_lookup"), Signal(lookup, name="fe2_lookup")
+        for stage, addr, tag_rd, lk in ((1, f1_req.addr, c_tag_f1, lk_f1), (2, req.addr, c_tag_fe, lk_f2)):
+            state = Signal(Mesi, name=f"fe{stage}_state")
+            m.d.comb += [tag_rd.addr.eq(slot_of(addr)), state.eq(c_state[slot_of(addr)])]
+            m.d.sync += [
+                lk.state.eq(state),
+                lk.hit.eq((state != Mesi.I) & (tag_rd.data == tag_of(addr))),
+                lk.line_busy.eq(Cat(t_valid[i] & (t_addr[i] == addr) for i in range(n)).any()),
+                lk.slot_busy.eq(Cat(t_valid[i] & t_fill[i] & (slot_of(t_addr[i]) == slot_of(addr))
+                                    for i in range(n)).any()),
+            ]
+        lk = Signal(lookup)
+        m.d.comb += lk.eq(Mux(moved, lk_f1, lk_f2))
+        # Mends, registered (see above): F2's allocation of the cycle before against F1's line.
+        new_line_q = Signal()              # it holds F1's line
+        new_fill_q = Signal()              # it is a fill of F1's slot
+        changed = Array(Signal(name=f"fe_slot_written{i}") for i in range(3))   # finisher, snoop, F2
+        changed_slot = Array(Signal(sb or 1, name=f"fe_slot_written{i}_slot") for i in range(3))
+
         fe_slot = slot_of(req.addr)
-        fe_tag = tag_of(req.addr)
-        m.d.comb += [c_rd_fe.addr.eq(fe_slot), c_tag_fe.addr.eq(fe_slot)]
-        fe_state = c_state[fe_slot]
-        fe_hit = Signal()
-        m.d.comb += fe_hit.eq((fe_state != Mesi.I) & (c_tag_fe.data == fe_tag))
+        m.d.comb += c_rd_fe.addr.eq(fe_slot)
+        fe_state = lk.state
+        fe_hit = lk.hit
         line_busy = Signal()
         slot_busy = Signal()
+        slot_written = Signal()
         m.d.comb += [
-            line_busy.eq(Cat(t_valid[i] & (t_addr[i] == req.addr) for i in range(n)).any()),
-            slot_busy.eq(Cat(t_valid[i] & t_fill[i] & (slot_of(t_addr[i]) == fe_slot)
-                             for i in range(n)).any()),
+            line_busy.eq(lk.line_busy | (moved & new_line_q)),
+            slot_busy.eq(lk.slot_busy | (moved & new_fill_q)),
+            slot_written.eq(Cat(changed[i] & (changed_slot[i] == fe_slot) for i in range(3)).any()),
         ]
         # One writer of a cache slot per cycle: the finisher and a snoop go first. The front
         # end waits while any snoop to its slot is offered, not only one that changes the
         # line's state in this cycle: whether it does comes out of the snoop's tag compare
         # and tracker search, too deep to stand in front of the front end's own decision.
-        fe_blocked = line_busy | f_cache_write | (self.h2d_req.valid & (s_slot == fe_slot))
+        fe_blocked = line_busy | slot_written | f_cache_write | (self.h2d_req.valid & (s_slot == fe_slot))
         cqid = free.r_data
         cqid_ok = free.r_rdy & ~initializing
 
@@ -648,12 +694,12 @@ class CxlCacheAgent(wiring.Component):
         # silently (CleanEvict is for exclusive lines; the host's directory tolerates a
         # silent drop of a shared copy).
         victim = needs_fill & (fe_state != Mesi.I) & ~fe_hit
-        valid_req = self.port.req.valid & ~fe_blocked
+        valid_req = f2_valid & ~fe_blocked
         do_local = valid_req & local & hit_q.w_rdy
         do_drop = valid_req & ~local & victim & (fe_state == Mesi.S)
         do_evict = valid_req & ~local & victim & (fe_state != Mesi.S) & cqid_ok & req_q.w_rdy
         do_alloc = valid_req & ~local & ~victim & cqid_ok & req_q.w_rdy & ~(needs_fill & slot_busy)
-        m.d.comb += self.port.req.ready.eq(do_local | do_alloc)
+        m.d.comb += f2_fire.eq(do_local | do_alloc)
 
         # Local hits: reads answer with the line; a WRITE to an E/M line writes it (now M).
         hit_word = Signal(CacheRsp)
@@ -736,6 +782,19 @@ class CxlCacheAgent(wiring.Component):
                 m.d.sync += c_state[fe_slot].eq(Mesi.I)
         with m.If(do_drop):
             m.d.sync += c_state[fe_slot].eq(Mesi.I)
+
+        # The front end's mends for the next cycle (see the front end): this cycle's tracker
+        # allocation against F1's line and slot, and the cache slots written this cycle.
+        alloc_line = Mux(victim, (slot_of(f1_req.addr) == fe_slot) & (c_tag_fe.data == tag_of(f1_req.addr)),
+                         req.addr == f1_req.addr)
+        m.d.sync += [
+            new_line_q.eq(alloc & alloc_line),
+            new_fill_q.eq(alloc & ~victim & needs_fill & (slot_of(f1_req.addr) == fe_slot)),
+            changed[0].eq(f_cache_write), changed_slot[0].eq(slot_of(f_addr)),
+            changed[1].eq(s_go & s_hit), changed_slot[1].eq(s_slot),
+            changed[2].eq((do_local & (op == CacheOp.WRITE)) | (alloc & (victim | (fe_hit & ~local))) | do_drop),
+            changed_slot[2].eq(fe_slot),
+        ]
 
         # The single cache-data write port: fills from the finisher, else WRITE hits.
         with m.If(f_cache_write):
