@@ -24,9 +24,8 @@ Behaviour
   returns right after a write (the failure model's durability is the write's B response).
   Writes to a line are in order because they share AWID 0.
 - After reset the free-ARID list is filled for ``read_ids`` cycles; reads wait for it.
-- Latency through the block: the input FIFO adds 1 cycle; R->rd_rsp is combinational (the
-  ``ctx`` table has an asynchronous read port); B->wr_rsp passes a register slice (1 cycle;
-  a write is done for the channel, and no longer forwarded, when the slice takes its B). A forwarded response
+- Latency through the block: the input FIFO adds 1 cycle; R->rd_rsp and B->wr_rsp are
+  combinational (the ``ctx`` table has an asynchronous read port). A forwarded response
   takes ``rd_rsp`` ahead of R (R waits that cycle); one is pending at a time.
 - Memories: ``ctx_table`` (read_ids x ctx, LUT RAM) and ``w_data`` (write_depth x 513,
   synchronous read: block RAM or LUT RAM); the outstanding writes' addresses are flip-flops
@@ -39,7 +38,6 @@ from amaranth.lib.wiring import In, Out
 from ..common.axi import Axi4Signature, AXI_BURST_INCR, AXI_RESP_OKAY
 from ..common.onehot import one_hot_index
 from ..common.ram import BypassRam
-from ..common.stream_util import RegisterSlice
 from .port import mem_request_layout, mem_read_response_layout, mem_write_response_layout
 
 LINE_SIZE_LOG2 = 6       # AxSIZE for a 64-byte beat
@@ -201,16 +199,12 @@ class AxiChannelMaster(wiring.Component):
             m.d.comb += [free_ids.w_data.eq(axi.rid), free_ids.w_en.eq(r_fire)]
         m.d.comb += free_ids.r_en.eq(ar_fire)
 
-        # --- B -> wr_rsp, in order, through a register slice: the response's ctx (the head
-        # write's, a write_depth-way mux) ran through the interleaver's merge and its grant
-        # back into another channel's bready and write-forward state (12 LUT levels).
-        m.submodules.wr_rsp_slice = wr_slice = RegisterSlice(self.wr_rsp.payload.shape())
-        wiring.connect(m, wr_slice.o, wiring.flipped(self.wr_rsp))
+        # --- B -> wr_rsp, in order
         m.d.comb += [
-            wr_slice.i.valid.eq(axi.bvalid),
-            wr_slice.i.payload.error.eq(axi.bresp != AXI_RESP_OKAY),
-            wr_slice.i.payload.ctx.eq(w_ctx[w_head]),
-            axi.bready.eq(wr_slice.i.ready),
+            self.wr_rsp.valid.eq(axi.bvalid),
+            self.wr_rsp.payload.error.eq(axi.bresp != AXI_RESP_OKAY),
+            self.wr_rsp.payload.ctx.eq(w_ctx[w_head]),
+            axi.bready.eq(self.wr_rsp.ready),
         ]
         b_fire = axi.bvalid & axi.bready
         m.d.comb += [w_data_wr.addr.eq(w_tail), w_data_wr.data.eq(Cat(head.data, head.poison)),
