@@ -713,11 +713,7 @@ class UpdateEngine(wiring.Component):
             bank = LvtRam(shape=LINE_BITS, depth=SL // 2, name=f"scratch{b}")
             m.submodules[f"scratch{b}"] = bank
             fill_p, upd_p = bank.write_port(), bank.write_port()
-            # The FMA operand read's address is window entry A's or B's line, picked by go_a
-            # (late_pick: the live value table is read for both, go_a picks last; go_a -> the
-            # address -> the table's 512-entry read was the engine's deepest path, 18 levels).
-            banks.append({"fill": fill_p, "upd": upd_p,
-                          "rd": bank.read_port(transparent_for=(upd_p,), late_pick=True),
+            banks.append({"fill": fill_p, "upd": upd_p, "rd": bank.read_port(transparent_for=(upd_p,)),
                           "wb": bank.read_port()})
         # Arrival bits of the scratchpad lines (flip-flops): set by a fill's response, cleared
         # for a whole slot the cycle after a row is inserted (before its occurrence leaves the
@@ -1889,8 +1885,7 @@ class UpdateEngine(wiring.Component):
         for b, bank in enumerate(banks):
             line_a = Mux(row_a[0] == b, row_a, row_a1)
             line_b = Mux(row_b[0] == b, row_b, row_b1)
-            m.d.comb += [bank["rd"].addr_cand[0].eq(line_b[1:]), bank["rd"].addr_cand[1].eq(line_a[1:]),
-                         bank["rd"].pick.eq(go_a)]
+            m.d.comb += bank["rd"].addr.eq(Mux(go_a, line_a, line_b)[1:])
         c1_par = Signal()                       # the slot-0 line's bank
         c1_pair = Signal()
         c1_row1 = Signal(SB)
