@@ -26,8 +26,9 @@ get from a multi-port ``amaranth.lib.memory.Memory`` with those rules kept:
     through a bypass register (as ``BypassRam``). A synchronous read port with
     ``late_pick=True`` takes two candidate addresses (``addr_cand``) and ``pick``: the LVT is
     read and the bypass compared at both, and ``pick`` chooses last, so a late-decided pick
-    reaches only the banks' address and two registers. The LVT is the only flip-flop storage,
-    so keep ``depth * ceil(log2 W)`` small (4 kbit). Whole-word writes only (no
+    reaches only the banks' address and two registers (tested in tests/test_ram.py; no engine
+    uses it now: UPDATE's operand read tried it, issue 13's seventh round). The LVT is the
+    only flip-flop storage, so keep ``depth * ceil(log2 W)`` small (4 kbit). Whole-word writes only (no
     ``granularity``).
 
 Ports are plain signal bundles (``addr``, ``data``, ``en``), like ``lib.memory``'s: a write port

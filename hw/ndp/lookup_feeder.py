@@ -3,9 +3,9 @@
 Ports
 - ``start`` (pulse) with ``cmd`` (CommandDescriptor, stable until ``done``); ``table_index``
   -> ``table`` (TableDescriptor, one cycle later) reads the processor's table memory.
-- ``items``: Out stream of ``lookup_item_layout``; ``payload.unit`` names the unit the item
-  is for (a bag slot: the lookup engine gives each reduce unit two), ``unit_room[u]`` says
-  slot u can take a new bag.
+- ``items``: Out stream of ``lookup_item_layout``; ``payload.unit`` names the slot the item
+  is for (a bag slot: the lookup engine gives each reduce unit ``contexts`` of them, slot
+  c * units + u), ``unit_room[s]`` says slot s can take a new bag.
 - ``done`` (pulse): every item has been emitted (or the command failed); ``error`` and
   ``error_info`` are valid with it. ``lookups``: ROW items emitted so far.
 - ``mem``: reads of the offsets, indices and weights arrays (four ElementReaders behind a
