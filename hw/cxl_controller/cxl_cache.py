@@ -30,7 +30,8 @@ Structure
 - ACQUIRE (host -> device bias for a line of the device's own memory): RdOwnNoData,
   finished by the host's MemRdFwd on CXL.mem (``fwd``, Tag = CQID); a Fwd matching no live
   ACQUIRE is counted (``unexpected_fwd``) and dropped.
-- Snoops, one at a time: a hit answers from the line's state (M: *FwdM + data, the data
+- Snoops, one at a time, in two stages (the lookups of a snoop are registered before it is
+  answered, a cycle after its handshake, see the code): a hit answers from the line's state (M: *FwdM + data, the data
   queued a cycle after the response; E/S: RspIHitSE / RspSHitSE; SnpCur: RspVHitV /
   RspVFwdV) and downgrades it; a line between its
   evict request and the host's pull answers from the evict tracker and marks the later
@@ -187,7 +188,8 @@ class CxlCacheAgent(wiring.Component):
         c_tag_wr = c_tags.write_port()
         c_tag_fe = c_tags.read_port(domain="comb")          # the front end's F2 request
         c_tag_f1 = c_tags.read_port(domain="comb")          # ... and its F1 request
-        c_tag_snp = c_tags.read_port(domain="comb")
+        c_tag_snp = c_tags.read_port(domain="comb")         # the snoop S2 holds
+        c_tag_s1 = c_tags.read_port(domain="comb")          # ... and the port's (S1)
         m.submodules.c_data = c_data = memory.Memory(shape=LINE_BITS, depth=slots, init=[])
         c_wr = c_data.write_port()
         c_rd_fe = c_data.read_port(domain="comb")
@@ -489,16 +491,54 @@ class CxlCacheAgent(wiring.Component):
             m.d.comb += [free.w_data.eq(f_c), free.w_en.eq(f_fire)]
 
         # ------------------------------------------------------------ snoops
-        snp = self.h2d_req.payload
+        # Two stages, like the front end. S1 is the port's snoop; S2 holds the accepted snoop
+        # and answers it. Every cycle the snoop's lookups (the cache's tag and state; the 64
+        # trackers' evict match; a fill whose GO has arrived) are computed for both S1's and
+        # S2's snoop and registered, and S2 decides from the registered set of the snoop it
+        # holds: the compares and the answer in one cycle were the agent's deepest paths (15
+        # LUT levels: a tracker's address -> the 64-way compare -> the snoop's go -> the
+        # response queue, the events and the port's ready). What can change in that cycle:
+        # - a cache slot written (the finisher's fill, S2's own new state, the front end's hit
+        #   write, eviction or drop; also the one way an evict tracker appears, since an
+        #   evicted line leaves its slot in the cycle its tracker is allocated): a snoop to
+        #   that slot waits a cycle, and the next cycle's lookup is fresh;
+        # - a tracker freed: the registered match is ANDed with the live ``t_valid``;
+        # - an evicted line's state (a GO, or S2's own snoop): read live, one-hot selected;
+        # - a fill's GO arriving: the wait is computed with the GO of the cycle (``go_now``,
+        #   the GO comes first), and a GO after the snoop's handshake, while it is pending,
+        #   is excluded by the host's obligations (see Assumptions).
+        snp_in = self.h2d_req.payload
+        s2_valid = Signal(name="snp2_valid")
+        snp = Signal(H2DReq, name="snp2_req")
+        s_go = Signal()
+        s2_free = Signal()
+        s_moved = Signal(name="snp2_moved")
+        m.d.comb += [s2_free.eq(~s2_valid | s_go), self.h2d_req.ready.eq(s2_free)]
+        with m.If(s2_free):
+            m.d.sync += [s2_valid.eq(self.h2d_req.valid), snp.eq(snp_in)]
+        m.d.sync += s_moved.eq(s2_free)
+
+        snoop_lookup = data.StructLayout({"hit": 1, "state": Mesi, "wait": 1, "ev": n})
+        slk1, slk2 = Signal(snoop_lookup, name="snp1_lookup"), Signal(snoop_lookup, name="snp2_lookup")
+        for stage, addr, tag_rd, lk_s in ((1, snp_in.addr, c_tag_s1, slk1), (2, snp.addr, c_tag_snp, slk2)):
+            state = Signal(Mesi, name=f"snp{stage}_state")
+            m.d.comb += [tag_rd.addr.eq(slot_of(addr)), state.eq(c_state[slot_of(addr)])]
+            # Wait for a fill whose GO has arrived (also in this very cycle: the GO comes first).
+            go_now = r_ok & (r_is_go | r_drop) & t_fill[r_c] & (t_addr[r_c] == addr)
+            m.d.sync += [
+                lk_s.state.eq(state),
+                lk_s.hit.eq((state != Mesi.I) & (tag_rd.data == tag_of(addr))),
+                lk_s.wait.eq(go_now | Cat(t_valid[i] & t_fill[i] & t_got_go[i] & (t_addr[i] == addr)
+                                          for i in range(n)).any()),
+                lk_s.ev.eq(Cat(t_valid[i] & t_evict[i] & (t_addr[i] == addr) for i in range(n))),
+            ]
+        slk = Signal(snoop_lookup)
+        m.d.comb += slk.eq(Mux(s_moved, slk1, slk2))
+
         s_slot = slot_of(snp.addr)
         s_state = Signal(Mesi)
         s_hit = Signal()
-        m.d.comb += [
-            c_tag_snp.addr.eq(s_slot),
-            s_hit.eq((c_state[s_slot] != Mesi.I) & (c_tag_snp.data == tag_of(snp.addr))),
-            s_state.eq(Mux(s_hit, c_state[s_slot], Mesi.I)),
-            c_rd_snp.addr.eq(s_slot),
-        ]
+        m.d.comb += [s_hit.eq(slk.hit), s_state.eq(Mux(s_hit, slk.state, Mesi.I)), c_rd_snp.addr.eq(s_slot)]
         # An evicted line the host has not pulled yet is still ours to answer for.
         # At most one tracker matches: an eviction is allocated only for a line in the cache,
         # and while a line is cached no tracker holds its address (a fill's tracker is freed
@@ -508,14 +548,11 @@ class CxlCacheAgent(wiring.Component):
         s_ev = Signal(nb or 1)
         s_ev_hit = Signal()
         s_wait = Signal()
+        s_slot_written = Signal()
         ev_match = Signal(n)
-        m.d.comb += ev_match.eq(Cat(t_valid[i] & t_evict[i] & (t_evstate[i] != Mesi.I) & (t_addr[i] == snp.addr)
-                                    for i in range(n)))
+        m.d.comb += ev_match.eq(Cat(slk.ev[i] & t_valid[i] & (t_evstate[i] != Mesi.I) for i in range(n)))
         m.d.comb += [s_ev.eq(one_hot_index(ev_match)), s_ev_hit.eq(ev_match.any())]
-        # Wait for a fill whose GO has arrived (also in this very cycle: the GO comes first).
-        go_now = r_ok & (r_is_go | r_drop) & t_fill[r_c] & (t_addr[r_c] == snp.addr)
-        m.d.comb += s_wait.eq(go_now | Cat(t_valid[i] & t_fill[i] & t_got_go[i] & (t_addr[i] == snp.addr)
-                                           for i in range(n)).any())
+        m.d.comb += s_wait.eq(slk.wait | s_slot_written)
         s_ev_state = Signal(Mesi)
         m.d.comb += s_ev_state.eq(one_hot_select(ev_match, [t_evstate[i] for i in range(n)]))
         held = Signal(Mesi)        # the state the snooped line is held in, wherever it is
@@ -566,8 +603,7 @@ class CxlCacheAgent(wiring.Component):
         fwd_uqid = Signal.like(snp.uqid)
         # Room for this snoop's forward and the one still to be written.
         fwd_room = Mux(fwd_pend, fwd_q.level < fwd_q.depth - 1, fwd_q.w_rdy)
-        s_go = self.h2d_req.valid & ~s_wait & rsp_q.w_rdy & fwd_room
-        m.d.comb += self.h2d_req.ready.eq(s_go)
+        m.d.comb += s_go.eq(s2_valid & ~s_wait & rsp_q.w_rdy & fwd_room)
         m.d.sync += [fwd_pend.eq(s_go & s_fwd), fwd_from_cache.eq(s_hit), fwd_line.eq(c_rd_snp.data),
                      fwd_ev.eq(s_ev), fwd_uqid.eq(snp.uqid)]
         s_rsp_word = Signal(D2HRsp)
@@ -657,10 +693,10 @@ class CxlCacheAgent(wiring.Component):
             slot_written.eq(Cat(changed[i] & (changed_slot[i] == fe_slot) for i in range(3)).any()),
         ]
         # One writer of a cache slot per cycle: the finisher and a snoop go first. The front
-        # end waits while any snoop to its slot is offered, not only one that changes the
-        # line's state in this cycle: whether it does comes out of the snoop's tag compare
-        # and tracker search, too deep to stand in front of the front end's own decision.
-        fe_blocked = line_busy | slot_written | f_cache_write | (self.h2d_req.valid & (s_slot == fe_slot))
+        # end waits while S2 holds a snoop to its slot, not only one that changes the line's
+        # state in this cycle: whether it does comes out of the snoop's decision, too deep to
+        # stand in front of the front end's own.
+        fe_blocked = line_busy | slot_written | f_cache_write | (s2_valid & (s_slot == fe_slot))
         cqid = free.r_data
         cqid_ok = free.r_rdy & ~initializing
 
@@ -795,6 +831,7 @@ class CxlCacheAgent(wiring.Component):
             changed[2].eq((do_local & (op == CacheOp.WRITE)) | (alloc & (victim | (fe_hit & ~local))) | do_drop),
             changed_slot[2].eq(fe_slot),
         ]
+        m.d.comb += s_slot_written.eq(Cat(changed[i] & (changed_slot[i] == s_slot) for i in range(3)).any())
 
         # The single cache-data write port: fills from the finisher, else WRITE hits.
         with m.If(f_cache_write):
