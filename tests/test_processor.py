@@ -45,9 +45,11 @@ def slot_line(region, k, line):
     return region["log_base"] + (k & 1) * region["slot_lines"] + line
 
 
-def run_command(mem: dict, *, region=REGION, seed=1, rd_error_line=None, lat=(2, 9)):
+def run_command(mem: dict, *, region=REGION, seed=1, rd_error_line=None, lat=(2, 9), commands=1):
     """The command in ring slot 0 (``mem[SQ]``) with memory ``mem``; the engines are stubs.
-    Returns (completion fields, engine started, memory model)."""
+    Returns (completion fields, engine started, memory model). With ``commands`` > 1 the ring
+    slots 0 .. commands-1 run back to back; then the completion fields and the engine starts
+    are lists, one per command."""
     dut = CommandProcessor(addr_bits=12, capacity_lines=CAP)
     mm = MemModel(dut.mem, mem, random.Random(seed), capacity=CAP, ready_p=0.7, lat=lat,
                   rd_error=() if rd_error_line is None else (rd_error_line,))
@@ -59,15 +61,15 @@ def run_command(mem: dict, *, region=REGION, seed=1, rd_error_line=None, lat=(2,
         ctx.set(dut.cq_base, CQ)
         ctx.set(dut.size_log2, 2)
         ctx.set(dut.region.as_value(), REG.pack(**region))
-        ctx.set(dut.sq_tail, 1)
-        for cycle in range(1000):
+        ctx.set(dut.sq_tail, commands)
+        for cycle in range(1000 * commands):
             mm.drive(ctx, cycle)
             for eng in engines:
-                ctx.set(eng.done, int(bool(started) and cycle == started[0] + ENGINE_CYCLES))
+                ctx.set(eng.done, int(bool(started) and cycle == started[-1][1] + ENGINE_CYCLES))
             mm.sample(ctx, cycle)
             if any(ctx.get(eng.start) for eng in engines):
-                started.append(cycle)
-            if ctx.get(dut.completed):
+                started.append((ctx.get(dut.sq_head), cycle))
+            if ctx.get(dut.completed) and ctx.get(dut.sq_head) == commands - 1:
                 return
             await ctx.tick()
         raise AssertionError("no completion")
@@ -76,8 +78,11 @@ def run_command(mem: dict, *, region=REGION, seed=1, rd_error_line=None, lat=(2,
     sim.add_clock(1e-9)
     sim.add_testbench(bench)
     sim.run()
-    assert len(started) <= 1
-    return CPL.unpack(mem[CQ]), bool(started), mm
+    assert len(started) == len({c for c, _ in started}) <= commands
+    if commands == 1:
+        return CPL.unpack(mem[CQ]), bool(started), mm
+    return [CPL.unpack(mem[CQ + c]) for c in range(commands)], [any(c == i for i, _ in started)
+                                                                 for c in range(commands)], mm
 
 
 def run_update(k, record, *, region=REGION, seed=1, rd_error_line=None):
@@ -127,6 +132,28 @@ def test_invalid_record_is_not_logged(record):
     cpl, started, mm, _ = run_update(5, record)
     assert NdpError(cpl["error"]) == NdpError.NOT_LOGGED and not started
     assert [w[0] for w in mm.writes] == [CQ]
+
+
+def test_record_crc_is_the_command_own():
+    """Two checkpointed UPDATEs back to back (batches 4 and 5, slots 0 and 1): the second
+    record's crc field holds the first record's CRC. The record's CRC is registered a cycle
+    before the compare (CRC_LOGGED, then CHECK_LOGGED): it must be this record's, not the one
+    left from the previous command (a mutant registering it from the line already in the
+    register one state early, i.e. the previous record, passes the second record; checked)."""
+    first = logged(4)
+    second_ok = logged(5)
+    second_bad = logged(5, crc=ck.unpack_record(first)["crc"])
+    assert second_bad != second_ok
+    for second, want in ((second_bad, NdpError.NOT_LOGGED), (second_ok, NdpError.OK)):
+        mem = {c: CMD.pack(opcode=NdpOpcode.UPDATE, flags=FLAGS.pack(checkpoint=1), tag=c, num_tables=1,
+                           batch_size=2, tables_addr=TABLES, offsets_addr=310, grad_addr=400, row_pitch_lines=1,
+                           batch=k) for c, k in ((SQ, 4), (SQ + 1, 5))}
+        mem[TABLES] = TBL.pack(base_addr=500, rows=10, dim=16, mode=0, col_lines=0)
+        mem[slot_line(REGION, 4, RECORD_LINE_LOGGED)] = first
+        mem[slot_line(REGION, 5, RECORD_LINE_LOGGED)] = second
+        cpls, started, _ = run_command(mem, commands=2)
+        assert [NdpError(c["error"]) for c in cpls] == [NdpError.OK, want]
+        assert started == [True, want == NdpError.OK]
 
 
 @pytest.mark.parametrize("region, ok", [

@@ -27,8 +27,9 @@ the descriptor check straight to their engine.
 
 Checkpointed UPDATE (``flags.checkpoint``, batch k; the persist ordering of architecture.md
 §6): before the engine starts, the processor reads line 0 of embedding log slot k mod 2 and
-requires a valid LOGGED record for batch k (hw/checkpoint/record_check.py), else NOT_LOGGED
-(or ADDRESS / LOG_REGION when the region lies outside device memory); so rows change in
+requires a valid LOGGED record for batch k (hw/checkpoint/record_check.py; its CRC and field
+checks registered apart, then anded a cycle later), else NOT_LOGGED (or ADDRESS / LOG_REGION
+when the region lies outside device memory); so rows change in
 place only after their undo log is durable. After the engine is done (every row write
 acknowledged) it writes the APPLIED record to slot line 1 and waits until it is durable
 before writing the completion.
@@ -42,7 +43,7 @@ from amaranth.lib.wiring import In, Out
 from ..checkpoint.crc import crc32_single_line
 from ..checkpoint.log_format import (LOG_MAGIC, RECORD_LINE_APPLIED, RECORD_LINE_LOGGED, LogRecord, LogRegion,
                                      LogState, log_region_fits)
-from ..checkpoint.record_check import record_valid
+from ..checkpoint.record_check import record_crc_diff, record_fields_valid
 from ..common.cxl_mem import LINE_BITS, LINE_BYTES
 from ..mem.arbiter import client_port_signature
 from .command import (AddressFault, CommandDescriptor, Completion, EngineStats, MAX_DIM, MAX_TABLES,
@@ -128,6 +129,8 @@ class CommandProcessor(wiring.Component):
         m.d.comb += slot_base.eq(region.log_base + Mux(cmd.batch[0], region.slot_lines, 0))
         logged = Signal(LogRecord)           # the LOGGED record read before the update
         logged_line = Signal(LINE_BITS)      # ... the whole line (its CRC covers all of it)
+        logged_fields_ok = Signal()          # ... its magic, slot, state and batch checks, registered
+        logged_crc_diff = Signal(32)         # ... its crc field xor its CRC (0: it matches), registered
         logged_ok = Signal()                 # ... and it is batch k's valid LOGGED record of the slot
         record_bits = LogRecord.as_shape().size
         crc_lsb = LogRecord.as_shape()["crc"].offset
@@ -249,12 +252,17 @@ class CommandProcessor(wiring.Component):
                     with m.Else():
                         m.next = "CRC_LOGGED"
             with m.State("CRC_LOGGED"):
-                # The record's CRC and checks from the registered record, a cycle after its
-                # read: from the response (the memory port's data) they were 12 LUT levels.
-                m.d.sync += logged_ok.eq(record_valid(logged_line, slot=cmd.batch[0], state=LogState.LOGGED,
-                                                      batch=cmd.batch))
+                # record_valid in two registered parts, from the registered record a cycle after
+                # its read (from the response, the memory port's data, it was 12 LUT levels): the
+                # 512-bit CRC xor its field, and the field checks; CHECK_LOGGED ands them (a
+                # 32-bit zero test). The CRC, its compare and the and in one cycle were 13 LUT
+                # levels (logged_line -> logged_ok).
+                m.d.sync += [logged_crc_diff.eq(record_crc_diff(logged_line)),
+                             logged_fields_ok.eq(record_fields_valid(logged_line, slot=cmd.batch[0],
+                                                                     state=LogState.LOGGED, batch=cmd.batch))]
                 m.next = "CHECK_LOGGED"
             with m.State("CHECK_LOGGED"):
+                m.d.comb += logged_ok.eq(logged_fields_ok & (logged_crc_diff == 0))
                 with m.If(logged_ok):
                     m.next = "START"
                 with m.Else():
