@@ -493,3 +493,29 @@ def test_stress_ring_wraps_full():
             bad = Batch(rng, mem, SPECS, B=8, max_len=10, batch=seed + 1, bad="index")
             res, = run(dut, mem, [(bad, REGION)], seed=seed, latency=(5, 400), ready_p=0.5, max_cycles=40_000)
             check_failed(mem, bad, REGION, res, NdpError.INDEX_RANGE, bad.bad_pos)
+
+
+# Command cycles measured at ff80d87, before the writer's ``line_here`` (the ring head's arrival
+# bit) was registered: the register must keep the engine cycle-identical. A change that costs or
+# saves cycles here must say so and update these.
+PINNED_CYCLES = {(60, 60, 1.0): 1726, (1, 4, 1.0): 1398, (2, 30, 0.7): 1570}
+
+
+@pytest.mark.parametrize("latency_ready", list(PINNED_CYCLES))
+def test_copy_cycles_pinned(latency_ready):
+    """The ring head's line arriving while the writer waits for it, and the next line arriving
+    in the cycle the head advances (short and fixed latencies make both common): the writer
+    must take each line in the same cycle as before ``line_here`` was registered. Mutants: the
+    next line's arrival in the advancing cycle ignored (hangs: no done), the head's own arrival
+    seen a cycle late (cycle counts differ)."""
+    lo, hi, ready_p = latency_ready
+    specs = [(200, 32)]
+    rng, mem = _fresh(3, specs)
+    dut = UndoLogEngine(addr_bits=ADDR_BITS, capacity_lines=CAP)
+    b = Batch(rng, mem, specs, B=2, max_len=0, batch=7)
+    b.replace_arrays(mem, [0, 40, 90], rng.integers(0, 200, size=90))
+    old = dict(mem)
+    res, = run(dut, mem, [(b, REGION)], seed=5, latency=(lo, hi), ready_p=ready_p)
+    check_logged(mem, old, b, REGION, res)
+    print(latency_ready, res["cycles"])
+    assert res["cycles"] == PINNED_CYCLES[latency_ready]

@@ -424,7 +424,11 @@ class UndoLogEngine(wiring.Component):
         cur = Signal(entry_layout)
         k_wr = Signal(5)
         crc = Signal(32)
-        line_here = arrived.bit_select(r_head[:RB], 1)
+        # arrived[r_head], registered: the 64-to-1 pick of the head's bit fed the write
+        # request's valid, the grant and the key queue's read (13 LUT levels, arrived ->
+        # key_q's level). Kept equal to arrived[r_head] by deciding it for the head of the next
+        # cycle (the line after the head when the head advances), with this cycle's arrival.
+        line_here = Signal()
         payload_phase = k_wr != cur.lines
         w_finish = Signal()
         grp = Signal(EntryGroup)                # the group line being filled
@@ -460,8 +464,16 @@ class UndoLogEngine(wiring.Component):
         set_mask = Mux(copy.rd_rsp.valid, Const(1, RING) << copy.rd_rsp.payload.ctx, 0)
         clr_mask = Mux(release, Const(1, RING) << r_head[:RB], 0)
         m.d.sync += arrived.eq((arrived | set_mask) & ~clr_mask)
+        # line_here for the next cycle: arrived[h + 1] (arrived rotated by one, picked at h)
+        # when the head h advances, else arrived[h] (= line_here); either with this cycle's arrival.
+        rsp_ctx = copy.rd_rsp.payload.ctx[:RB]
+        here_after = Signal()
+        m.d.comb += here_after.eq(Cat(arrived[1:], arrived[0]).bit_select(r_head[:RB], 1) |
+                                  (copy.rd_rsp.valid & (rsp_ctx == (r_head[:RB] + 1)[:RB])))
+        m.d.sync += line_here.eq(Mux(release, here_after,
+                                     line_here | (copy.rd_rsp.valid & (rsp_ctx == r_head[:RB]))))
         with m.If(copy_clr):
-            m.d.sync += [r_tail.eq(0), r_head.eq(0), arrived.eq(0), k_rd.eq(0), wv.eq(0)]
+            m.d.sync += [r_tail.eq(0), r_head.eq(0), arrived.eq(0), line_here.eq(0), k_rd.eq(0), wv.eq(0)]
         copy_idle = Signal()
         m.d.comb += copy_idle.eq((key_q.level == 0) & (ent_q.level == 0) & ~wv & (k_rd == 0))
         quiet = Signal()                        # nothing of this command in flight
