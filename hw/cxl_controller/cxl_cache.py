@@ -695,8 +695,12 @@ class CxlCacheAgent(wiring.Component):
         # One writer of a cache slot per cycle: the finisher and a snoop go first. The front
         # end waits while S2 holds a snoop to its slot, not only one that changes the line's
         # state in this cycle: whether it does comes out of the snoop's decision, too deep to
-        # stand in front of the front end's own.
-        fe_blocked = line_busy | slot_written | f_cache_write | (s2_valid & (s_slot == fe_slot))
+        # stand in front of the front end's own. Likewise it waits while the finisher holds
+        # a fill, not only in the cycle the fill is written: that depends on the response
+        # merge's grant (the finisher's valid -> the merge -> its ready -> the fill -> the
+        # front end's ready -> the port's register slice was port_mux's 11 LUT levels).
+        fe_blocked = (line_busy | slot_written | (fin.valid & f.fills) |
+                      (s2_valid & (s_slot == fe_slot)))
         cqid = free.r_data
         cqid_ok = free.r_rdy & ~initializing
 
