@@ -185,18 +185,21 @@ class RecoveryEngine(wiring.Component):
         prefix_v = prefix.as_value()
         nxt_crc = crc32_line(CRC_INIT, Cat(prefix_v, Const(0, LINE_BITS - len(prefix_v))))
 
-        # ---- one CRC unit for records (crc field zeroed) and payload lines. By linearity the
-        # update is state part ^ the line's data part (from the reader, beat.side) ^ for a record
-        # the data part of its crc field (zeroing the field = xoring its contribution out).
-        in_records = Signal()
+        # ---- CRCs by linearity: a line's update is the state part ^ its data part (from the
+        # reader, beat.side). A payload line continues its entry's CRC; a record (one line, crc
+        # field zeroed) starts from CRC_INIT, a constant state part, and xors its crc field's
+        # data part out. The record's CRC has no state mux of its own: the one shared with the
+        # payload lines, selected by the FSM state, put fsm_state -> the compare -> ``rvalid``
+        # at 12 LUT levels.
         crc_state = Signal(32)
         crc_next = Signal(32)
         m.d.comb += [
-            crc_state.eq(Mux(in_records, CRC_INIT, Mux(first_line, start_crc, crc_reg))),
-            crc_next.eq(crc32_state_part(crc_state) ^ beat.side
-                        ^ Mux(in_records, crc32_data_part(line & RECORD_CRC_MASK), 0)),
+            crc_state.eq(Mux(first_line, start_crc, crc_reg)),
+            crc_next.eq(crc32_state_part(crc_state) ^ beat.side),
         ]
-        crc_final = crc_next ^ CRC_INIT
+        rec_crc = Signal(32)
+        m.d.comb += rec_crc.eq(crc32_state_part(Const(CRC_INIT, 32)) ^ beat.side
+                               ^ crc32_data_part(line & RECORD_CRC_MASK) ^ CRC_INIT)
         # An entry's CRC is compared a cycle after its last payload line, from crc_reg: the
         # recurrence, the compare and the failure's priority in one cycle were the engine's
         # deepest path (15 LUT levels, fsm_state -> err_info). SCAN waits for the compare
@@ -218,7 +221,7 @@ class RecoveryEngine(wiring.Component):
                 with m.Case(i):
                     m.d.comb += [exp_slot.eq(slot), exp_state.eq(state)]
         rec_ok = Signal()
-        m.d.comb += rec_ok.eq(~beat.error & record_valid(line, slot=exp_slot, state=exp_state, crc=crc_final) &
+        m.d.comb += rec_ok.eq(~beat.error & record_valid(line, slot=exp_slot, state=exp_state, crc=rec_crc) &
                               ((rec_i < 4) | (rv.lines == reg.mlp_lines)))
 
         # ---- entry checks: the group line's, and the next entry's description -------------
@@ -296,7 +299,7 @@ class RecoveryEngine(wiring.Component):
                         m.d.comb += [reader.base.eq(reg.mlp_base + reg.mlp_lines + 1), reader.count.eq(1)]
                 m.next = "REC_READ"
             with m.State("REC_READ"):
-                m.d.comb += [in_records.eq(1), reader.lines.ready.eq(1)]
+                m.d.comb += reader.lines.ready.eq(1)
                 with m.If(reader.lines.valid):
                     m.d.sync += rec_i.eq(rec_i + 1)
                     with m.If(beat.error & (err == NdpError.OK)):
