@@ -55,7 +55,9 @@ Assumptions: the host keeps its obligations (one snoop per line, no snoop betwee
 data and its GO, no GO while a snoop to the line is pending). The internal client keeps
 accepting ``port.rsp``: a fill (and so a snoop waiting for it) waits for its response.
 Latency: a hit answers ``HIT_LATENCY`` cycles after its request handshake (checked by the
-test ``read_for_ownership_then_hits``); a miss adds the host's round trip.
+test ``read_for_ownership_then_hits``); a miss adds the host's round trip. A snoop is
+answered (D2H Rsp queued) at the earliest in the cycle after its handshake (its lookups are
+registered in the handshake's cycle); a forwarded line follows the response a cycle later.
 
 D2H requests never set NT (no non-temporal hint). The D2H request word is assembled with
 unconditional per-field statements from signals that carry the conditional parts: a field
