@@ -27,7 +27,7 @@ class DeviceConfig:
     row lines each keeps in flight and the bags each interleaves (hw/ndp/lookup.py).
     lookup_cache_lines: each lookup unit's row cache in 64-byte lines (hw/mem/line_cache.py;
     0 = no cache, the paper's design).
-    update_scratch_lines: the update engine's row scratchpad in lines (hw/ndp/update.py).
+    update_scratch_lines: the update engine's row scratchpad in lines (hw/ndp/update/engine.py).
     log_set_entries: the undo-log engine's deduplication set, in (table, row) keys
     (hw/checkpoint/undo_log.py). fp32_pipeline: the FP32 FMA and divider pipelines of both
     engines ("compact" or "deep", below).

@@ -1,4 +1,4 @@
-"""UpdateEngine (hw/ndp/update.py): sparse SGD next to memory, bit-exact with the golden model.
+"""UpdateEngine (hw/ndp/update/engine.py): sparse SGD next to memory, bit-exact with the golden model.
 
 The engine is converted alone to build/update_engine/<variant>/update_engine.v, linted with
 verilator -Wall (Amaranth's habitual warnings waived), built with Verilator and driven by

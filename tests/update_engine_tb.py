@@ -1,4 +1,4 @@
-"""cocotb tests for UpdateEngine (hw/ndp/update.py), run by tests/test_update_engine.py.
+"""cocotb tests for UpdateEngine (hw/ndp/update/engine.py), run by tests/test_update_engine.py.
 
 The testbench stands in for both neighbours of the engine, in one per-cycle step registered
 as a raw rising-edge callback (values read there are the pre-edge ones, as in sim/bfm/link.py):
@@ -521,7 +521,7 @@ def junk_after(args: dict, junk: list[int]) -> dict:
 
 
 def tag_set_of(line: int) -> int:
-    """The engine's tag set of a row address (hw/ndp/update.py ``_hash``, scratch_lines / 2 sets)."""
+    """The engine's tag set of a row address (hw/ndp/update/engine.py ``_hash``, scratch_lines / 2 sets)."""
     bits = SCRATCH.bit_length() - 2
     return ((line * 0x9E3779B1) & 0xFFFFFFFF) >> (32 - bits)
 

@@ -24,7 +24,7 @@ Sequence (slot s = k & 1 at slot_base = log_base + s * slot_lines; layout in log
 2. The slot is invalidated: LogRecord {LOG_MAGIC, FREE, slot s, batch k, count 0, lines 0, crc} is
    written to slot line RECORD_LINE_LOGGED. No entry is written before its write response came back,
    so a half-written log is never behind an old LOGGED record. (Array reads overlap this write.)
-3. Validation, with the UPDATE engine's codes and error_info (hw/ndp/update.py): the offsets array
+3. Validation, with the UPDATE engine's codes and error_info (hw/ndp/update/engine.py): the offsets array
    (T*B+1 u32) is streamed first: OFFSETS, error_info = position i of the first offset with
    offsets[i] < offsets[i-1] or offsets[i] - offsets[i-1] > 65535 (the UPDATE engine's bag limit, so a
    batch LOG accepts is one UPDATE accepts), or 0 when offsets[0] != 0, or T*B when offsets[T*B] !=

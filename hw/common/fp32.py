@@ -36,7 +36,7 @@ normalise (leading-zero count, clamped at the subnormal exponent), round and pac
 Pipelines (same ports, same results bit for bit, NaN patterns included; only the latency
 and the logic depth differ). LUT levels = the deepest register-to-register path into the
 stage's registers, UltraScale+ (method below):
-- "compact" (default; hw/ndp/lookup_unit.py and hw/ndp/update.py are timed around its 5):
+- "compact" (default; hw/ndp/lookup_unit.py and hw/ndp/update/ are timed around its 5):
   1 operand select, classify, normalise a and b (11 levels from the ports); 2 product,
   alignment distance (5); 3 align c, add, magnitude, the normaliser's shift limit and its
   forced bit (10); 4 normalise (``normalise_left``: 16-bit pieces' zero flags and counts at

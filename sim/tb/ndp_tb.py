@@ -22,7 +22,7 @@ pushed to the host. Every test logs its seed; replay with TCXL_SEED=<seed>.
   every table bit-identical, makes ``read_outputs`` refuse a failed LOOKUP's outputs, and the
   next good LOOKUP + UPDATE is correct.
 - ``update_scratchpad_overflow``: an UPDATE whose distinct rows exceed the update engine's
-  scratchpad (TCXL_SCRATCH_LINES overrides the size read from hw/ndp/update.py).
+  scratchpad (TCXL_SCRATCH_LINES overrides the size read from hw/ndp/update/engine.py).
 """
 from __future__ import annotations
 

@@ -192,18 +192,11 @@ Pipeline, latency and throughput (one request per cycle and port at most)
   128 occurrences and 256 gradient lines, rm4 b512 took 62,123 cycles and rm1 b64 190,502
   in the engine's testbench ("channels" model); with 512 and 512, 58,073 and 182,162. More
   changes little (2048 and 1024: rm4 58,049), nor do 64 queued misses instead of 16.
-- Datapath: two groups of 16 Fp32Fma lanes. Group 0 (one 64-byte line per cycle) is shared
-  by two operations: MUL (c = g * scale into a 32-line contribution ring; WEIGHTED_SUM and
-  MEAN only) and FMA (row = fma(-lr, c, row)); group 1 does FMA only. The FMA front holds the
-  two oldest queued occurrences; a line-step of the older issues when its row line has
-  arrived, its c is ready and no FMA on the same scratchpad line issued in the L - 1 previous
-  cycles (a result L cycles old is forwarded); else the younger may issue, unless it updates
-  the same row. The issuing occurrence's next line goes to group 1 in the same cycle when its
-  operands are ready too (a line pair: lines k and k+1 of a row are in different banks).
-  Occurrences complete in order (a younger one that finished first waits for the older). So
-  one row updated back to back still costs L cycles per occurrence (its lines are in flight),
-  but an occurrence of another row fills the gap; otherwise up to two line-steps per cycle
-  for rows of two or more lines (SUM; with MUL, the MUL front's one line per cycle).
+- Datapath (datapath.py, ``UpdateDatapath``: its contract is there): two groups of 16 Fp32Fma
+  lanes behind a MUL front (c = g * scale) and a window of the two oldest queued occurrences.
+  One row updated back to back costs L cycles per occurrence (its lines are in flight), but
+  an occurrence of another row fills the gap; otherwise up to two line-steps per cycle for
+  rows of two or more lines (SUM; with MUL, the MUL front's one line per cycle).
 - End: write-back of every dirty cached row (one line per cycle as the port accepts), then
   ``done`` after the last write response.
 - Validation streams whole lines through 128-line reorder buffers, the offsets and then the
@@ -246,12 +239,13 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..common.cxl_mem import LINE_BITS
-from ..common.fp32 import ONE, FmaOp, Fp32Fma
-from ..common.fp32_div import Fp32DivInt
-from ..common.ram import BypassRam, LvtRam
-from ..mem.arbiter import client_port_signature
-from .command import AddressFault, FLOATS_PER_LINE, MAX_TABLES, NdpError, PoolMode, engine_control_signature
+from ...common.cxl_mem import LINE_BITS
+from ...common.fp32 import ONE, Fp32Fma
+from ...common.fp32_div import Fp32DivInt
+from ...common.ram import BypassRam, LvtRam
+from ...mem.arbiter import client_port_signature
+from ..command import AddressFault, FLOATS_PER_LINE, MAX_TABLES, NdpError, PoolMode, engine_control_signature
+from .datapath import UpdateDatapath, occurrence_layout
 
 LANES = FLOATS_PER_LINE
 KIND_BITS = 3
@@ -524,7 +518,6 @@ class UpdateEngine(wiring.Component):
         SL = self.scratch_lines
         SB = ceil_log2(SL)                      # scratch line address bits (also slot index bits)
         GB = ceil_log2(self.GRAD_LINES)
-        CB = ceil_log2(self.CONTRIB_LINES)
         W = self.WAYS
         WB_ = ceil_log2(W)
         TSB = SB - 1                            # tag sets = scratch_lines / 2
@@ -1225,8 +1218,7 @@ class UpdateEngine(wiring.Component):
         # ---------------------------------------------------------------- lookahead --
         # S0: next occurrence -> row address; S1: tag-set read; S2: tag compare (registered);
         # S3: hit or miss (the manager acts on S3).
-        occ_rec = data.StructLayout({"row_base": SB, "lines": 5, "gpos": GB, "scale": 32, "mul": 1,
-                                     "bag_last": 1})
+        occ_rec = occurrence_layout(SB, GB)
         m.submodules.occ_q = occ_q = ResetInserter(clr)(SyncFIFOBuffered(width=occ_rec.size, depth=self.OCC_DEPTH))
 
         brec = data.View(bag_rec, bag_fifo.r_data[:bag_rec.size])
@@ -1720,252 +1712,22 @@ class UpdateEngine(wiring.Component):
                          rr.eq(0), me_valid.eq(0)]
 
         # ---------------------------------------------------------------- datapath --
-        # MUL front: c = g * scale into the contribution ring (WEIGHTED_SUM, MEAN); SUM
-        # occurrences pass straight to the FMA queue with c = the gradient line itself.
-        q2_rec = data.StructLayout({"row_base": SB, "lines": 5, "csrc": 1, "cpos": GB, "bag_last": 1})
-        m.submodules.fma_q = fma_q = ResetInserter(clr)(SyncFIFOBuffered(width=q2_rec.size,
-                                                                          depth=self.FMA_QUEUE_DEPTH))
-        m.submodules.contrib = contrib = Memory(shape=LINE_BITS, depth=self.CONTRIB_LINES, init=[])
-        con_wp = contrib.write_port()
-        con_rp = contrib.read_port()
-        m.submodules.contrib1 = contrib1 = Memory(shape=LINE_BITS, depth=self.CONTRIB_LINES, init=[])
-        con_wp1 = contrib1.write_port()             # a replica for slot 1, written with contrib
-        con_rp1 = contrib1.read_port()
-        m.d.comb += [con_wp1.addr.eq(con_wp.addr), con_wp1.data.eq(con_wp.data), con_wp1.en.eq(con_wp.en)]
-        con_valid = Signal(self.CONTRIB_LINES)
-        c_head = Signal(CB + 1)
-        c_tail = Signal(CB + 1)
-        c_used = Signal(CB + 1)
-        m.d.comb += c_used.eq(c_head - c_tail)
-
-        mf_valid = Signal()
-        mf = Signal(occ_rec)
-        mf_k = Signal(5)
-        mf_cpos = Signal(CB)
-
-        fma_go = Signal()
-        pair_go = Signal()                      # a second line-step with the FMA's (issue slot 1)
-        mul_go = Signal()
-        sum_pass = Signal()
-        mf_finish = Signal()
-        cpos_cur = Signal(CB)
-        m.d.comb += cpos_cur.eq(Mux(mf_k == 0, c_head[:CB], mf_cpos))
-        m.d.comb += garr_mul.addr.eq((mf.gpos + mf_k)[:GB])
-        cspace = (self.CONTRIB_LINES - c_used) >= mf.lines
-        mul_ready = mf_valid & mf.mul & garr_mul.data & ((mf_k != 0) | (fma_q.w_rdy & cspace))
-        m.d.comb += [
-            mul_go.eq(mul_ready & ~fma_go & ~freeze),
-            sum_pass.eq(mf_valid & ~mf.mul & fma_q.w_rdy & ~freeze),
-            mf_finish.eq(sum_pass | (mul_go & (mf_k + 1 == mf.lines))),
-            occ_q.r_en.eq(~mf_valid | mf_finish),
-        ]
-        q2w = Signal(q2_rec)
-        m.d.comb += [q2w.row_base.eq(mf.row_base), q2w.lines.eq(mf.lines), q2w.csrc.eq(mf.mul),
-                     q2w.cpos.eq(Mux(mf.mul, c_head[:CB], mf.gpos)), q2w.bag_last.eq(mf.bag_last),
-                     fma_q.w_data.eq(q2w), fma_q.w_en.eq(sum_pass | (mul_go & (mf_k == 0)))]
-        with m.If(mul_go):
-            m.d.sync += mf_k.eq(mf_k + 1)
-            with m.If(mf_k == 0):
-                m.d.sync += [mf_cpos.eq(c_head[:CB]), c_head.eq(c_head + mf.lines)]
-        with m.If(occ_q.r_en & occ_q.r_rdy):
-            m.d.sync += [mf.eq(occ_q.r_data), mf_valid.eq(1), mf_k.eq(0)]
-        with m.Elif(mf_finish):
-            m.d.sync += mf_valid.eq(0)
-
-        # FMA front: a window of the two oldest queued occurrences, A (older) and B. A issues
-        # when its operands are there and no FMA on its row line is in flight; otherwise B
-        # may, unless it updates A's row (one row's updates stay in program order). So a hot
-        # row waiting L cycles for its own result does not hold up the next row.
-        # Occurrences leave the window in order: a B that finishes first is marked done and
-        # leaves with A. Its ring lines are freed with A's (both rings free in order), and its
-        # completion is counted with A's last result (``completed`` must count a prefix of the
-        # occurrence order: pinning relies on it).
-        wa_valid, wb_valid, b_done = Signal(name="wa_valid"), Signal(name="wb_valid"), Signal(name="b_done")
-        wa, wb = Signal(q2_rec, name="wa"), Signal(q2_rec, name="wb")
-        wa_k, wb_k = Signal(5, name="wa_k"), Signal(5, name="wb_k")
-        row_a, row_b = Signal(SB, name="row_a"), Signal(SB, name="row_b")
-        c_a, c_b = Signal(GB, name="c_a"), Signal(GB, name="c_b")
-        # the entries' next lines (a line pair)
-        row_a1, row_b1 = Signal(SB, name="row_a1"), Signal(SB, name="row_b1")
-        c_a1, c_b1 = Signal(GB, name="c_a1"), Signal(GB, name="c_b1")
-        m.d.comb += [row_a.eq(wa.row_base | wa_k), c_a.eq(wa.cpos + wa_k),
-                     garr_fma.addr.eq(c_a),
-                     row_b.eq(wb.row_base | wb_k), c_b.eq(wb.cpos + wb_k),
-                     garr_fma_b.addr.eq(c_b),
-                     row_a1.eq(wa.row_base | (wa_k + 1)[:5]), c_a1.eq(wa.cpos + wa_k + 1),
-                     garr_fma_a1.addr.eq(c_a1),
-                     row_b1.eq(wb.row_base | (wb_k + 1)[:5]), c_b1.eq(wb.cpos + wb_k + 1),
-                     garr_fma_b1.addr.eq(c_b1)]
-        HZ = Fp32Fma.LATENCIES[self.fp32_pipeline] - 1     # FMAs issued 1..HZ cycles ago are in flight
-        # Per issue slot (0: a line, 1: the next line of the same occurrence in the same cycle).
-        hz_valid = [[Signal(name=f"hz{j}_valid{i}") for i in range(HZ)] for j in range(2)]
-        hz_addr = [[Signal(SB, name=f"hz{j}_addr{i}") for i in range(HZ)] for j in range(2)]
-
-        def operands_ready(rec, row, c, arrived, g_arrived):
-            in_flight = 0
-            for j in range(2):
-                for i in range(HZ):
-                    in_flight = in_flight | (hz_valid[j][i] & (hz_addr[j][i] == row))
-            c_ready = Mux(rec.csrc, con_valid.bit_select(c[:CB], 1), g_arrived)
-            return arrived & c_ready & ~in_flight
-
-        go_a, go_b = Signal(name="go_a"), Signal(name="go_b")
-        pair_a, pair_b = Signal(name="pair_a"), Signal(name="pair_b")              # ... and its next line with it
-        fin_a, fin_b = Signal(name="fin_a"), Signal(name="fin_b")
-        m.d.comb += [
-            go_a.eq(wa_valid & operands_ready(wa, row_a, c_a, arrived.bit_select(row_a, 1), garr_fma.data) & ~freeze),
-            go_b.eq(~go_a & wb_valid & ~b_done & (wb.row_base != wa.row_base) &
-                    operands_ready(wb, row_b, c_b, arrived.bit_select(row_b, 1), garr_fma_b.data) & ~freeze),
-            # Lines k and k+1 of one row sit in different scratchpad banks (slots are aligned).
-            pair_a.eq(go_a & (wa_k + 2 <= wa.lines) & operands_ready(wa, row_a1, c_a1, arrived.bit_select(row_a1, 1),
-                                                                     garr_fma_a1.data)),
-            pair_b.eq(go_b & (wb_k + 2 <= wb.lines) & operands_ready(wb, row_b1, c_b1, arrived.bit_select(row_b1, 1),
-                                                                     garr_fma_b1.data)),
-            fma_go.eq(go_a | go_b),
-            pair_go.eq(pair_a | pair_b),
-            fin_a.eq(go_a & (wa_k + 1 + pair_a == wa.lines)),
-            fin_b.eq(go_b & (wb_k + 1 + pair_b == wb.lines)),
-        ]
-        row_line = Signal(SB)
-        c_line = Signal(GB)
-        row_line1 = Signal(SB)
-        c_line1 = Signal(GB)
-        csrc = Signal()
-        # The issuing entry's lines, picked by ``go_a`` alone: they only matter when an FMA
-        # issues (go_a, or go_b, which implies ~go_a), and go_b's own logic (B's operands, B
-        # against A's row, ~go_a) then stays off the operand read addresses (14 LUT levels).
-        m.d.comb += [row_line.eq(Mux(go_a, row_a, row_b)), c_line.eq(Mux(go_a, c_a, c_b)),
-                     row_line1.eq(Mux(go_a, row_a1, row_b1)), c_line1.eq(Mux(go_a, c_a1, c_b1)),
-                     csrc.eq(Mux(go_a, wa.csrc, wb.csrc))]
-        m.d.sync += [hz_valid[0][0].eq(fma_go), hz_addr[0][0].eq(row_line),
-                     hz_valid[1][0].eq(pair_go), hz_addr[1][0].eq(row_line1)]
-        for j in range(2):
-            for i in range(1, HZ):
-                m.d.sync += [hz_valid[j][i].eq(hz_valid[j][i - 1]), hz_addr[j][i].eq(hz_addr[j][i - 1])]
-
-        with m.If(go_a & ~fin_a):
-            m.d.sync += wa_k.eq(wa_k + 1 + pair_a)
-        with m.If(go_b):
-            m.d.sync += wb_k.eq(wb_k + 1 + pair_b)
-            with m.If(fin_b):
-                m.d.sync += b_done.eq(1)
-        b_leaves = wb_valid & b_done             # with A, this cycle, when A finishes
-        with m.If(fin_a):
-            # A leaves (and a finished B with it): free their ring lines, in order.
-            m.d.sync += [
-                c_tail.eq(c_tail + Mux(wa.csrc, wa.lines, 0) + Mux(b_leaves & wb.csrc, wb.lines, 0)),
-                g_tail.eq(g_tail + Mux(wa.bag_last, wa.lines, 0) + Mux(b_leaves & wb.bag_last, wb.lines, 0)),
-            ]
-        # Window refill: B moves up into A when A leaves without it; the queue's head goes to
-        # the first entry free after this cycle.
-        a_free = Signal()
-        b_free = Signal()
-        m.d.comb += [a_free.eq(~wa_valid | (fin_a & ~(wb_valid & ~b_done))),
-                     b_free.eq(~wb_valid | fin_a),
-                     fma_q.r_en.eq(b_free)]
-        with m.If(fin_a):
-            m.d.sync += [wa_valid.eq(0), wb_valid.eq(0), b_done.eq(0)]
-            with m.If(wb_valid & ~b_done):
-                m.d.sync += [wa.eq(wb), wa_k.eq(wb_k), wa_valid.eq(1)]
-        with m.If(fma_q.r_en & fma_q.r_rdy):
-            with m.If(a_free):
-                m.d.sync += [wa.eq(fma_q.r_data), wa_k.eq(0), wa_valid.eq(1)]
-            with m.Else():
-                m.d.sync += [wb.eq(fma_q.r_data), wb_k.eq(0), wb_valid.eq(1), b_done.eq(0)]
-        # Occurrences this issue completes, in order: A's last line counts A and a finished B.
-        done_cnt = Signal(2)
-        m.d.comb += done_cnt.eq(Mux(fin_a, 1 + b_leaves, 0))
-
-        # Operand reads (cycle 0), lane inputs (cycle 1), results (cycle 6).
-        # Operand reads: the slot-0 line from its bank, the slot-1 line (the other parity) from
-        # the other bank; the registered parity says which bank answers which slot.
-        m.d.comb += [grad_rp.addr.eq(Mux(fma_go, c_line, (mf.gpos + mf_k)[:GB])), con_rp.addr.eq(c_line[:CB]),
-                     grad_rp1.addr.eq(c_line1), con_rp1.addr.eq(c_line1[:CB])]
-        # Each entry's bank addresses first, then the entry: the pick is the last step.
+        m.submodules.datapath = dp = UpdateDatapath(
+            scratch_lines=SL, grad_lines=self.GRAD_LINES, contrib_lines=self.CONTRIB_LINES,
+            fma_queue_depth=self.FMA_QUEUE_DEPTH, fp32_pipeline=self.fp32_pipeline)
+        m.d.comb += [dp.occ.valid.eq(occ_q.r_rdy), dp.occ.payload.eq(occ_q.r_data), occ_q.r_en.eq(dp.occ.ready),
+                     dp.lr.eq(cmd.lr), dp.clear.eq(clr), dp.freeze.eq(freeze), dp.line_arrived.eq(arrived),
+                     completed.eq(dp.completed)]
+        for i, port in enumerate((garr_mul, garr_fma, garr_fma_b, garr_fma_a1, garr_fma_b1)):
+            m.d.comb += [port.addr.eq(dp.grad_query[i]), dp.grad_arrived[i].eq(port.data)]
+        for i, port in enumerate((grad_rp, grad_rp1)):
+            m.d.comb += [port.addr.eq(dp.grad_rd_addr[i]), dp.grad_rd_data[i].eq(port.data)]
         for b, bank in enumerate(banks):
-            line_a = Mux(row_a[0] == b, row_a, row_a1)
-            line_b = Mux(row_b[0] == b, row_b, row_b1)
-            m.d.comb += bank["rd"].addr.eq(Mux(go_a, line_a, line_b)[1:])
-        c1_par = Signal()                       # the slot-0 line's bank
-        c1_pair = Signal()
-        c1_row1 = Signal(SB)
-        m.d.sync += [c1_par.eq(row_line[0]), c1_pair.eq(pair_go), c1_row1.eq(row_line1)]
-        rd_data = [Mux(c1_par, banks[1]["rd"].data, banks[0]["rd"].data),
-                   Mux(c1_par, banks[0]["rd"].data, banks[1]["rd"].data)]
-        c1_fma = Signal()
-        c1_mul = Signal()
-        c1_row = Signal(SB)
-        c1_cdst = Signal(CB)
-        c1_done = Signal(2)
-        c1_scale = Signal(32)
-        c1_csrc = Signal()
-        m.d.sync += [c1_fma.eq(fma_go), c1_mul.eq(mul_go), c1_row.eq(row_line), c1_cdst.eq(cpos_cur + mf_k),
-                     c1_done.eq(done_cnt), c1_scale.eq(mf.scale), c1_csrc.eq(csrc)]
-        tag_w = 1 + max(SB, CB) + 2
-        lanes = []
-        for i in range(LANES):
-            lane = Fp32Fma(tag_width=tag_w if i == 0 else 1, pipeline=self.fp32_pipeline)
-            m.submodules[f"lane{i}"] = lane
-            lanes.append(lane)
-        lanes1 = []                             # slot 1: FMA only
-        for i in range(LANES):
-            lane = Fp32Fma(tag_width=SB if i == 0 else 1, pipeline=self.fp32_pipeline)
-            m.submodules[f"lane1_{i}"] = lane
-            lanes1.append(lane)
-        o_tag = lanes[0].o_tag
-        o_fma = lanes[0].o_valid & o_tag[0]
-        o_mul = lanes[0].o_valid & ~o_tag[0]
-        o_addr = o_tag[1:1 + max(SB, CB)]
-        o_done = o_tag[tag_w - 2:]                  # occurrences completed (done_cnt)
-        o_fma1 = lanes1[0].o_valid
-        o_addr1 = lanes1[0].o_tag
-        results = Cat(*[lane.o_result for lane in lanes])
-        results1 = Cat(*[lane.o_result for lane in lanes1])
-        # A result leaving the lanes in the cycle its line's next operand arrives is forwarded
-        # (the operand was read the cycle before its write); either slot's result, either slot.
-        neg_lr = Cat(cmd.lr[:31], ~cmd.lr[31])
-        operand = []
-        for slot, row_s in enumerate((c1_row, c1_row1)):
-            f0, f1 = Signal(name=f"fwd{slot}_from_slot0"), Signal(name=f"fwd{slot}_from_slot1")
-            m.d.comb += [f0.eq(o_fma & (o_addr[:SB] == row_s)), f1.eq(o_fma1 & (o_addr1 == row_s))]
-            operand.append((f0, f1))
-        groups = ((lanes, con_rp.data, grad_rp.data, operand[0], rd_data[0]),
-                  (lanes1, con_rp1.data, grad_rp1.data, operand[1], rd_data[1]))
-        for grp, (lns, cdat, gdat, (f0, f1), rdat) in enumerate(groups):
-            for i, lane in enumerate(lns):
-                sl = slice(32 * i, 32 * (i + 1))
-                g = gdat[sl]
-                row = Mux(f0, results[sl], Mux(f1, results1[sl], rdat[sl]))
-                c_op = Mux(c1_csrc, cdat[sl], g)
-                if grp == 0:
-                    m.d.comb += [
-                        lane.i_valid.eq(c1_fma | c1_mul),
-                        lane.op.eq(Mux(c1_fma, FmaOp.FMA, FmaOp.MUL)),
-                        lane.a.eq(Mux(c1_fma, neg_lr, g)),
-                        lane.b.eq(Mux(c1_fma, c_op, c1_scale)),
-                        lane.c.eq(row),
-                    ]
-                else:
-                    m.d.comb += [lane.i_valid.eq(c1_pair), lane.op.eq(FmaOp.FMA), lane.a.eq(neg_lr),
-                                 lane.b.eq(c_op), lane.c.eq(row)]
-        m.d.comb += [lanes[0].i_tag.eq(Cat(c1_fma, Mux(c1_fma, c1_row, c1_cdst), c1_done)),
-                     lanes1[0].i_tag.eq(c1_row1)]
-        # Results: each to its line's bank (a pair's two lines never share one).
-        for b, bank in enumerate(banks):
-            mine0 = o_fma & (o_addr[0] == b)
-            m.d.comb += [bank["upd"].addr.eq(Mux(mine0, o_addr[1:SB], o_addr1[1:])),
-                         bank["upd"].data.eq(Mux(mine0, results, results1)),
-                         bank["upd"].en.eq(mine0 | (o_fma1 & (o_addr1[0] == b)))]
-        m.d.comb += [con_wp.addr.eq(o_addr[:CB]), con_wp.data.eq(results), con_wp.en.eq(o_mul)]
-        with m.If(o_fma):
-            m.d.sync += completed.eq(completed + o_done)
-        con_set = Mux(o_mul, Const(1, self.CONTRIB_LINES) << o_addr[:CB], 0)
-        con_clr = (Mux(fma_go & csrc, Const(1, self.CONTRIB_LINES) << c_line[:CB], 0) |
-                   Mux(pair_go & csrc, Const(1, self.CONTRIB_LINES) << c_line1[:CB], 0))
-        m.d.sync += con_valid.eq((con_valid | con_set) & ~con_clr)
-        with m.If(clr):
-            m.d.sync += [mf_valid.eq(0), wa_valid.eq(0), wb_valid.eq(0), b_done.eq(0), c_head.eq(0), c_tail.eq(0),
-                         con_valid.eq(0), completed.eq(0)] + [h.eq(0) for hz in hz_valid for h in hz]
+            m.d.comb += [bank["rd"].addr.eq(dp.bank_rd_addr[b]), dp.bank_rd_data[b].eq(bank["rd"].data),
+                         bank["upd"].addr.eq(dp.bank_wr[b].addr), bank["upd"].data.eq(dp.bank_wr[b].data),
+                         bank["upd"].en.eq(dp.bank_wr[b].en)]
+        with m.If(~clr):
+            m.d.sync += g_tail.eq(g_tail + dp.grad_freed)     # the ring frees in order
         # The INIT sweep (placed last: it overrides the ports' other drivers, idle anyway).
         with m.If(state == Main.INIT):
             m.d.comb += [tag_wp.addr.eq(init_ctr), tag_wp.data.eq(0), tag_wp.en.eq((1 << W) - 1),
