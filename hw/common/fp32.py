@@ -399,11 +399,17 @@ class Fp32Fma(wiring.Component):
     DEEP_LATENCY = 12
     LATENCIES = {"compact": LATENCY, "deep": DEEP_LATENCY}
 
-    def __init__(self, tag_width: int = 8, pipeline: str = "compact"):
+    LATE_C = 2                      # how late the deep pipeline may take c (``c_delay``)
+
+    def __init__(self, tag_width: int = 8, pipeline: str = "compact", c_delay: int = 0):
         if pipeline not in self.LATENCIES:
             raise ValueError(f"pipeline must be one of {tuple(self.LATENCIES)}, not {pipeline!r}")
+        if c_delay not in (0, self.LATE_C) or (c_delay and pipeline != "deep"):
+            raise ValueError(f"c_delay must be 0, or {self.LATE_C} with the deep pipeline; got {c_delay} "
+                             f"with {pipeline!r}")
         self.tag_width = tag_width
         self.pipeline = pipeline
+        self.c_delay = c_delay
         self.latency = self.LATENCIES[pipeline]
         super().__init__({
             "a": In(32), "b": In(32), "c": In(32), "op": In(2),
@@ -478,6 +484,42 @@ class Fp32Fma(wiring.Component):
     def _elaborate_deep(self, m):
         """The deep pipeline: DEEP_LATENCY registers, each stage a few LUT levels (module docstring)."""
         st = Stages(m)
+        s = self._deep_front_late_c(m, st) if self.c_delay else self._deep_front(m, st)
+        self._deep_back(m, st, s)
+
+    def _deep_front_late_c(self, m, st):
+        """d1..d5 with c taken LATE_C cycles after a, b and op: c's select, unpack, special
+        cases and trailing zeros run two stages later than in ``_deep_front``, beside a's and
+        b's normalisation; the alignment distance (d5) is the first step that needs c. Same
+        registers after d5, so the same results bit for bit."""
+        # d1: a and b select; op rides along for c's select
+        b, _ = select_operands(self.op, self.b, self.c)
+        s = st.cut({"v": self.i_valid, "tag": self.i_tag}, a=self.a, b=b, op=self.op)
+        # d2: a's and b's fields and classes
+        fields = {f"{x}_{k}": v for x in "ab" for k, v in unpack(m, s[x], x).items()}
+        s = st.cut(s, drop=("a", "b"), **fields)
+        # d3: c arrives (its select); leading zeros of a and b
+        _, c = select_operands(s["op"], ONE, self.c)
+        s = st.cut(s, drop=("op", "a_mant", "b_mant", "a_elsb", "b_elsb"), c=c,
+                   ma=s["a_mant"], mb=s["b_mant"], ea=s["a_elsb"], eb=s["b_elsb"],
+                   lza=lzc_tree(m, s["a_mant"], "alz"), lzb=lzc_tree(m, s["b_mant"], "blz"))
+        # d4: c's fields and class; normalise a and b (DSP A/B registers), product LSB exponent
+        cfields = {f"c_{k}": v for k, v in unpack(m, s["c"], "c").items()}
+        s = st.cut(s, drop=("c", "lza", "lzb", "ea", "eb"), **cfields,
+                   ma=(s["ma"] << s["lza"])[:24], mb=(s["mb"] << s["lzb"])[:24],
+                   ep=(s["ea"] - s["lza"]) + (s["eb"] - s["lzb"]))
+        # d5: product (DSP M register); alignment distance; special cases; c's trailing zeros
+        ua, ub, uc = ({k: s[f"{x}_{k}"] for k in ("sign", "zero", "inf", "nan")} for x in "abc")
+        sp, special, spval = fma_special_cases(ua, ub, uc)
+        pz = ua["zero"] | ub["zero"]
+        shift, base = align_distance(m, s["ep"], s["c_elsb"], pz)
+        classes = [f"{x}_{k}" for x in "abc" for k in ("sign", "zero", "inf", "nan")]
+        return st.cut(s, drop=("ma", "mb", "ep", "c_mant", "c_elsb", *classes), p=s["ma"] * s["mb"], sh=shift,
+                      base=base, mc=s["c_mant"], tzc=lzc_tree(m, s["c_mant"][::-1], "ctz"), sp=sp, sc=uc["sign"],
+                      spc=special, spv=spval)
+
+    def _deep_front(self, m, st):
+        """d1..d5: operands, fields, special cases, normalised a and b, product and alignment."""
         # d1: operand select (one LUT after the ports: the logic driving them has the cycle)
         b, c = select_operands(self.op, self.b, self.c)
         s = st.cut({"v": self.i_valid, "tag": self.i_tag}, a=self.a, b=b, c=c)
@@ -498,7 +540,10 @@ class Fp32Fma(wiring.Component):
                    ep=(s["ea"] - s["lza"]) + (s["eb"] - s["lzb"]))
         # d5: product (DSP M register); alignment distance
         shift, base = align_distance(m, s["ep"], s["ec"], s["pz"])
-        s = st.cut(s, drop=("ma", "mb", "ep", "ec", "pz"), p=s["ma"] * s["mb"], sh=shift, base=base)
+        return st.cut(s, drop=("ma", "mb", "ep", "ec", "pz"), p=s["ma"] * s["mb"], sh=shift, base=base)
+
+    def _deep_back(self, m, st, s):
+        """d6..the outputs: align c, add, normalise, round, pack."""
         # d6: product (DSP P register); c shifted right by the multiple-of-16 part; c's sticky
         # bit: a c bit below window bit 0 is one of c's lowest sh - 50 bits
         s = st.cut(s, drop=("mc", "tzc"), p=s["p"],

@@ -5,7 +5,8 @@
   under/overflow regions and uniform random bit patterns. ``directed(op)`` -> the fixed edge
   set (cross products of special values). For "div", b holds the integer L (x = a).
 - ``pipeline``: which pipeline of the units runs, "compact" (the default, what the engines
-  use) or "deep" (``Fp32Fma(pipeline="deep")``, ``Fp32DivInt(pipeline="deep")``). Each has
+  use), "deep" (``Fp32Fma(pipeline="deep")``, ``Fp32DivInt(pipeline="deep")``) or
+  "deep_late_c" (the deep FMA taking its addend two cycles late, ``late_addend_fma``). Each has
   its own generated Verilog (same module names) and harness build, with the latencies as
   the harness's FMA_LAT / DIV_LAT.
 - ``simulate(ops, a, b, c, gap=False, pipeline="compact")`` runs one Verilator simulation
@@ -18,7 +19,7 @@
   n >= 10000, the directed set) checked bit for bit against sim.model.fp32_ref; "seconds" is
   the wall time of generation, simulation and checking.
 Command line: ``python -m sim.tb.fp32_campaign --op fma --n 1000000 --seed 1`` (op: fma, add,
-mul, div, all; ``--pipeline compact|deep|both``).
+mul, div, all; ``--pipeline compact|deep|deep_late_c|both``, both = every pipeline).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ DEPTH = 1 << 20
 TOP = "fp32_harness"
 SV = runner.REPO / "sim" / "rtl" / "fp32_harness.sv"
 GEN = runner.BUILD / "fp32"
-PIPELINES = ("compact", "deep")
+PIPELINES = ("compact", "deep", "deep_late_c")
 
 SPECIALS = np.array([
     0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x00000002, 0x007FFFFF, 0x807FFFFF,
@@ -206,13 +207,51 @@ def reference(op: str, a, b, c) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------ simulation --
+def late_addend_fma(tag_width: int):
+    """The deep FMA with its late addend (``Fp32Fma(pipeline="deep", c_delay=LATE_C)``) behind
+    the plain unit's ports: c passes LATE_C registers, so it reaches the unit LATE_C cycles
+    after the a, b and op it belongs to, as the late addend's contract asks; the outputs are
+    the unit's. So the same harness and checks run it."""
+    from amaranth import Module, Signal
+    from amaranth.lib import wiring
+    from hw.common.fp32 import Fp32Fma
+
+    class LateAddendFma(wiring.Component):
+        latency = Fp32Fma.DEEP_LATENCY
+
+        def __init__(self):
+            self.unit = Fp32Fma(tag_width, pipeline="deep", c_delay=Fp32Fma.LATE_C)
+            super().__init__(dict(self.unit.signature.members))
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.unit = u = self.unit
+            c = self.c
+            for i in range(Fp32Fma.LATE_C):
+                nxt = Signal(32, name=f"c_late{i}")
+                m.d.sync += nxt.eq(c)
+                c = nxt
+            m.d.comb += [u.a.eq(self.a), u.b.eq(self.b), u.c.eq(c), u.op.eq(self.op), u.i_valid.eq(self.i_valid),
+                         u.i_tag.eq(self.i_tag), self.o_result.eq(u.o_result), self.o_valid.eq(u.o_valid),
+                         self.o_tag.eq(u.o_tag)]
+            return m
+
+    return LateAddendFma()
+
+
 def _units(pipeline: str):
-    """(Fp32Fma, Fp32DivInt) classes, after checking ``pipeline``."""
+    """(FMA factory, divider factory, FMA latency, divider latency) of ``pipeline``; each
+    factory takes the tag width. "deep_late_c": the deep FMA fed its addend late
+    (``late_addend_fma``) beside the deep divider."""
     from hw.common.fp32 import Fp32Fma
     from hw.common.fp32_div import Fp32DivInt
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline must be one of {PIPELINES}, not {pipeline!r}")
-    return Fp32Fma, Fp32DivInt
+    if pipeline == "deep_late_c":
+        return late_addend_fma, lambda t: Fp32DivInt(t, pipeline="deep"), Fp32Fma.DEEP_LATENCY, \
+            Fp32DivInt.DEEP_LATENCY
+    return (lambda t: Fp32Fma(t, pipeline=pipeline), lambda t: Fp32DivInt(t, pipeline=pipeline),
+            Fp32Fma.LATENCIES[pipeline], Fp32DivInt.LATENCIES[pipeline])
 
 
 def generate_verilog(pipeline: str = "compact") -> list[pathlib.Path]:
@@ -222,9 +261,10 @@ def generate_verilog(pipeline: str = "compact") -> list[pathlib.Path]:
     gen = GEN if pipeline == "compact" else GEN / pipeline
     gen.mkdir(parents=True, exist_ok=True)
     out = []
-    for name, unit in zip(("fp32_fma", "fp32_div_int"), _units(pipeline)):
+    fma, div, _, _ = _units(pipeline)
+    for name, unit in (("fp32_fma", fma), ("fp32_div_int", div)):
         path = gen / f"{name}.v"
-        text = verilog.convert(unit(20, pipeline=pipeline), name=name, emit_src=False)
+        text = verilog.convert(unit(20), name=name, emit_src=False)
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
         out.append(path)
@@ -238,14 +278,14 @@ def build_harness(pipeline: str = "compact") -> pathlib.Path:
     """Generate the units' Verilog and build the harness (once per process and pipeline)."""
     if pipeline in _BUILT:
         return _BUILT[pipeline]
-    fma, div = _units(pipeline)
+    _, _, fma_lat, div_lat = _units(pipeline)
     lock = runner.BUILD / "sim" / ".fp32.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         sources = generate_verilog(pipeline) + [SV]
         bdir = runner.build("fp32_harness" if pipeline == "compact" else f"fp32_harness_{pipeline}", sources, TOP,
-                            parameters={"FMA_LAT": fma.LATENCIES[pipeline], "DIV_LAT": div.LATENCIES[pipeline]})
+                            parameters={"FMA_LAT": fma_lat, "DIV_LAT": div_lat})
     _BUILT[pipeline] = bdir
     return bdir
 

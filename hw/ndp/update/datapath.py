@@ -85,6 +85,9 @@ class UpdateDatapath(wiring.Component):
         self.contrib_lines = contrib_lines
         self.fma_queue_depth = fma_queue_depth
         self.fp32_pipeline = fp32_pipeline
+        # The deep FMA takes its addend (the row) late: a row's next update issues L - LATE_C
+        # cycles after the one before (hw/common/fp32.py, c_delay).
+        self.c_delay = Fp32Fma.LATE_C if fp32_pipeline == "deep" else 0
         sb, gb = ceil_log2(scratch_lines), ceil_log2(grad_lines)
         bank_write = data.StructLayout({"addr": sb - 1, "data": LINE_BITS, "en": 1})
         super().__init__({
@@ -194,7 +197,12 @@ class UpdateDatapath(wiring.Component):
                      garr_fma_a1.addr.eq(c_a1),
                      row_b1.eq(wb.row_base | (wb_k + 1)[:5]), c_b1.eq(wb.cpos + wb_k + 1),
                      garr_fma_b1.addr.eq(c_b1)]
-        HZ = Fp32Fma.LATENCIES[self.fp32_pipeline] - 1     # FMAs issued 1..HZ cycles ago are in flight
+        # An FMA issued in cycle t takes its row (c) in cycle t + 1 + CD and leaves its result
+        # in t + 1 + L; a row line issued again in t' reads its row in t' + CD (a
+        # synchronous read, transparent for a same-cycle result) or takes the result leaving
+        # in t' + 1 + CD (forwarded). So the FMAs issued 1..HZ cycles ago are in flight.
+        CD = self.c_delay
+        HZ = Fp32Fma.LATENCIES[self.fp32_pipeline] - 1 - CD
         # Per issue slot (0: a line, 1: the next line of the same occurrence in the same cycle).
         hz_valid = [[Signal(name=f"hz{j}_valid{i}") for i in range(HZ)] for j in range(2)]
         hz_addr = [[Signal(SB, name=f"hz{j}_addr{i}") for i in range(HZ)] for j in range(2)]
@@ -278,34 +286,44 @@ class UpdateDatapath(wiring.Component):
         m.d.comb += [grad_rp.addr.eq(Mux(fma_go, c_line, (mf.gpos + mf_k)[:GB])), con_rp.addr.eq(c_line[:CB]),
                      grad_rp1.addr.eq(c_line1), con_rp1.addr.eq(c_line1[:CB])]
         # Each entry's bank addresses first, then the entry: the pick is the last step.
+        # (With a late addend the rows are read CD cycles after the issue, from registers.)
+        # r_row[d] / r_row1[d]: the issue's row lines d cycles later.
+        r_row, r_row1 = [row_line], [row_line1]
+        for d in range(1, CD + 2):
+            r_row.append(Signal(SB, name=f"c{d}_row"))
+            r_row1.append(Signal(SB, name=f"c{d}_row1"))
+            m.d.sync += [r_row[d].eq(r_row[d - 1]), r_row1[d].eq(r_row1[d - 1])]
         for b, bank in enumerate(banks):
-            line_a = Mux(row_a[0] == b, row_a, row_a1)
-            line_b = Mux(row_b[0] == b, row_b, row_b1)
-            m.d.comb += bank["rd"].addr.eq(Mux(go_a, line_a, line_b)[1:])
-        c1_par = Signal()                       # the slot-0 line's bank
+            if CD:
+                m.d.comb += bank["rd"].addr.eq(Mux(r_row[CD][0] == b, r_row[CD], r_row1[CD])[1:])
+            else:
+                line_a = Mux(row_a[0] == b, row_a, row_a1)
+                line_b = Mux(row_b[0] == b, row_b, row_b1)
+                m.d.comb += bank["rd"].addr.eq(Mux(go_a, line_a, line_b)[1:])
         c1_pair = Signal()
-        c1_row1 = Signal(SB)
-        m.d.sync += [c1_par.eq(row_line[0]), c1_pair.eq(pair_go), c1_row1.eq(row_line1)]
-        rd_data = [Mux(c1_par, banks[1]["rd"].data, banks[0]["rd"].data),
-                   Mux(c1_par, banks[0]["rd"].data, banks[1]["rd"].data)]
+        c1_row1 = r_row1[1]
+        m.d.sync += c1_pair.eq(pair_go)
+        row_par = r_row[CD + 1][0]              # the slot-0 line's bank, when its row arrives
+        rd_data = [Mux(row_par, banks[1]["rd"].data, banks[0]["rd"].data),
+                   Mux(row_par, banks[0]["rd"].data, banks[1]["rd"].data)]
         c1_fma = Signal()
         c1_mul = Signal()
-        c1_row = Signal(SB)
+        c1_row = r_row[1]
         c1_cdst = Signal(CB)
         c1_done = Signal(2)
         c1_scale = Signal(32)
         c1_csrc = Signal()
-        m.d.sync += [c1_fma.eq(fma_go), c1_mul.eq(mul_go), c1_row.eq(row_line), c1_cdst.eq(cpos_cur + mf_k),
+        m.d.sync += [c1_fma.eq(fma_go), c1_mul.eq(mul_go), c1_cdst.eq(cpos_cur + mf_k),
                      c1_done.eq(done_cnt), c1_scale.eq(mf.scale), c1_csrc.eq(csrc)]
         tag_w = 1 + max(SB, CB) + 2
         lanes = []
         for i in range(LANES):
-            lane = Fp32Fma(tag_width=tag_w if i == 0 else 1, pipeline=self.fp32_pipeline)
+            lane = Fp32Fma(tag_width=tag_w if i == 0 else 1, pipeline=self.fp32_pipeline, c_delay=CD)
             m.submodules[f"lane{i}"] = lane
             lanes.append(lane)
         lanes1 = []                             # slot 1: FMA only
         for i in range(LANES):
-            lane = Fp32Fma(tag_width=SB if i == 0 else 1, pipeline=self.fp32_pipeline)
+            lane = Fp32Fma(tag_width=SB if i == 0 else 1, pipeline=self.fp32_pipeline, c_delay=CD)
             m.submodules[f"lane1_{i}"] = lane
             lanes1.append(lane)
         o_tag = lanes[0].o_tag
@@ -321,7 +339,7 @@ class UpdateDatapath(wiring.Component):
         # (the operand was read the cycle before its write); either slot's result, either slot.
         neg_lr = Cat(self.lr[:31], ~self.lr[31])
         operand = []
-        for slot, row_s in enumerate((c1_row, c1_row1)):
+        for slot, row_s in enumerate((r_row[CD + 1], r_row1[CD + 1])):
             f0, f1 = Signal(name=f"fwd{slot}_from_slot0"), Signal(name=f"fwd{slot}_from_slot1")
             m.d.comb += [f0.eq(o_fma & (o_addr[:SB] == row_s)), f1.eq(o_fma1 & (o_addr1 == row_s))]
             operand.append((f0, f1))
