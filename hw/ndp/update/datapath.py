@@ -40,10 +40,15 @@ Behaviour, latency, throughput
   issue, unless it updates A's row (one row's updates stay in program order). The issuing
   occurrence's next line goes to group 1 in the same cycle when its operands are ready too
   (lines k and k+1 of a row are in different banks). Occurrences complete in order (a B
-  that finished first waits for A). So one row updated back to back costs L cycles per
-  occurrence, but another row fills the gap; otherwise up to two line-steps per cycle.
-- Operands are read in the issue cycle, enter the lanes a cycle later and the results are
-  written L cycles after that (L = 5 "compact", 12 "deep": hw/common/fp32.py), bit-exact with
+  that finished first waits for A). So one row updated back to back costs a loop through
+  the FMA per occurrence (below), but another row fills the gap; otherwise up to two
+  line-steps per cycle.
+- Issue in cycle t: c (the gradient or contribution line) is read in t and enters the lanes
+  with -lr in t + 1; the row is read in t + CD and enters in t + 1 + CD; the result is written
+  in t + 1 + L (L = 5 "compact", 12 "deep": hw/common/fp32.py). CD = 0 with the compact FMA;
+  the deep FMA takes its addend late (CD = LATE_C = 2), so a row's next update may issue
+  L - CD cycles after the one before: 5 compact, 10 deep (12 before the late addend). A
+  result leaving in the cycle its line's next row enters is forwarded. Bit-exact with
   sim/model/embedding.py (one rounding; NaN results are 0x7FC00000).
 """
 from __future__ import annotations
