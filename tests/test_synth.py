@@ -146,6 +146,16 @@ def test_parser_defaults():
     assert _parse("--blocks", "csr,bias", "--block-timeout", "60").blocks == "csr,bias"
 
 
+def test_device_config_from_arguments():
+    """--fp32-pipeline / --lookup-contexts change only those fields of the default device."""
+    import dataclasses
+    from hw.config import DeviceConfig
+    from tools.synth_cmd import device_config
+    assert device_config(_parse()) == DeviceConfig()
+    deep = device_config(_parse("--fp32-pipeline", "deep", "--lookup-contexts", "8"))
+    assert deep == dataclasses.replace(DeviceConfig(), fp32_pipeline="deep", lookup_contexts=8)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--timeout", "0"], "--timeout must be a positive"),
     (["--top", "lookup"], "--top must be trainingcxl_device or one of its blocks"),
@@ -153,6 +163,8 @@ def test_parser_defaults():
     (["--blocks", "csr", "--top", "trainingcxl_device.csr"], "--blocks and --top exclude each other"),
     (["--premap"], "--premap works per block"),
     (["--blocks", "csr", "--keep-netlist"], "--keep-netlist keeps one design's netlist"),
+    (["--fp32-pipeline", "deep", "--frontend", "verilog"], "need the rtlil frontend"),
+    (["--lookup-contexts", "3"], "lookup_contexts must be a power of two"),
 ])
 def test_bad_requests_exit_2(argv, message, capsys, tmp_path):
     assert main(_parse("--json", str(tmp_path / "s.json"), "--keep", str(tmp_path), *argv)) == 2

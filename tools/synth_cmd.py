@@ -1,10 +1,12 @@
 """``trainingcxl synth``: resources and logic depth of the device from Yosys, JSON + table.
 
   trainingcxl synth [--target xcup|xc7] [--share fast|full] [--hierarchical] [--json FILE] [--top MODULE]
-                    [--keep DIR] [--timeout S] [--frontend rtlil|verilog]
+                    [--keep DIR] [--timeout S] [--frontend rtlil|verilog] [--fp32-pipeline compact|deep]
+                    [--lookup-contexts C]
   trainingcxl synth [--target ...] --blocks all|NAME[,NAME...] [--block-timeout S] [--premap] [--json FILE] ...
 
-Writes the device in its DEFAULT configuration (``DeviceConfig()``) into the keep folder (default
+Writes the device in its DEFAULT configuration (``DeviceConfig()``; ``--fp32-pipeline`` and
+``--lookup-contexts`` change those two fields, with the RTLIL frontend) into the keep folder (default
 build/synth/): Amaranth's RTLIL (``--frontend rtlil``, the default; Yosys reads it with
 ``read_rtlil``) or the Verilog of ``trainingcxl verilog`` (``--frontend verilog``: the same
 netlist after a ``proc``/``write_verilog`` round trip, which Yosys' Verilog frontend and PROC
@@ -236,10 +238,11 @@ def module_names(design_text: str) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^module \\?([^\s(]+)", design_text, re.M)}
 
 
-def generate_design(keep: pathlib.Path, frontend: str = DEFAULT_FRONTEND) -> pathlib.Path:
-    """The device in its default configuration: the Verilog exactly as ``trainingcxl verilog``
-    writes it, or the RTLIL that Amaranth builds that Verilog from (the same netlist, minus the
-    Verilog backend's ``proc`` and ``write_verilog`` round trip that Yosys must then undo)."""
+def generate_design(keep: pathlib.Path, frontend: str = DEFAULT_FRONTEND, config=None) -> pathlib.Path:
+    """The device in its default configuration (or ``config``, a ``DeviceConfig``, with the
+    RTLIL frontend): the Verilog exactly as ``trainingcxl verilog`` writes it, or the RTLIL that
+    Amaranth builds that Verilog from (the same netlist, minus the Verilog backend's ``proc``
+    and ``write_verilog`` round trip that Yosys must then undo)."""
     from tools.cli import TOP_NAME, cmd_verilog
     if frontend == "verilog":
         cmd_verilog(argparse.Namespace(output=str(keep), sim_config=False))
@@ -248,7 +251,7 @@ def generate_design(keep: pathlib.Path, frontend: str = DEFAULT_FRONTEND) -> pat
     from hw.config import DeviceConfig
     from hw.top import TrainingCxlDevice
     path = keep / f"{TOP_NAME}.il"
-    path.write_text(rtlil.convert(TrainingCxlDevice(DeviceConfig()), name=TOP_NAME, emit_src=False))
+    path.write_text(rtlil.convert(TrainingCxlDevice(config or DeviceConfig()), name=TOP_NAME, emit_src=False))
     print(f"wrote {path}")
     return path
 
@@ -663,11 +666,20 @@ def _levels(r: dict) -> str:
     return "-" if r.get("estimated_levels") is None else f"~{r['estimated_levels']}"
 
 
-def main_blocks(args, t0: float) -> int:
+def device_config(args):
+    """The DeviceConfig that ``args`` asks for: the default with ``--fp32-pipeline`` and
+    ``--lookup-contexts`` applied."""
     from hw.config import DeviceConfig
+    changes = {k: v for k, v in (("fp32_pipeline", getattr(args, "fp32_pipeline", None)),
+                                 ("lookup_contexts", getattr(args, "lookup_contexts", None))) if v is not None}
+    return dataclasses.replace(DeviceConfig(), **changes)
+
+
+def main_blocks(args, t0: float) -> int:
+    config = device_config(args)
     keep = pathlib.Path(args.keep)
     keep.mkdir(parents=True, exist_ok=True)
-    design = generate_design(keep, args.frontend)
+    design = generate_design(keep, args.frontend, config)
     modules = design_modules(design.read_text())
     try:
         blocks = parse_blocks(args.blocks, device_blocks(modules))
@@ -679,7 +691,7 @@ def main_blocks(args, t0: float) -> int:
     result = synthesize_blocks(modules, blocks, args.target, keep / "blocks", args.block_timeout, args.timeout,
                                share=args.share, flatten=not args.hierarchical,
                                before_luts=getattr(args, "premap", False))
-    result["device_config"] = dataclasses.asdict(DeviceConfig())
+    result["device_config"] = dataclasses.asdict(config)
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     print(format_blocks(result))
     write_json(args.json, result)
@@ -700,6 +712,10 @@ def _check_request(args) -> None:
         raise SynthError("--premap works per block: add --blocks NAME[,NAME...]")
     if getattr(args, "keep_netlist", False) and args.blocks is not None:
         raise SynthError("--keep-netlist keeps one design's netlist: use --top NAME, not --blocks")
+    changed = getattr(args, "fp32_pipeline", None) is not None or getattr(args, "lookup_contexts", None) is not None
+    if changed and args.frontend != "rtlil":
+        raise SynthError("--fp32-pipeline / --lookup-contexts need the rtlil frontend (the Verilog frontend "
+                         "synthesizes what `trainingcxl verilog` writes: the default device)")
     if args.blocks is not None and args.top != DEFAULT_TOP:
         raise SynthError("--blocks and --top exclude each other (--blocks NAME synthesizes one block)")
 
@@ -708,21 +724,22 @@ def main(args) -> int:
     t0 = time.perf_counter()
     try:
         _check_request(args)
-    except SynthError as e:
+        device_config(args)                     # a bad --lookup-contexts: DeviceConfig says why
+    except (SynthError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.blocks is not None:
         return main_blocks(args, t0)
-    from hw.config import DeviceConfig
+    config = device_config(args)
     keep = pathlib.Path(args.keep)
     keep.mkdir(parents=True, exist_ok=True)
-    design = generate_design(keep, args.frontend)
+    design = generate_design(keep, args.frontend, config)
     if args.top not in module_names(design.read_text()):
         print(f"error: no module {args.top!r} in {design}", file=sys.stderr)
         return 2
     result = synthesize(design, args.top, args.target, keep, args.timeout, share=args.share,
                         flatten=not args.hierarchical, keep_netlist=args.keep_netlist)
-    result["device_config"] = dataclasses.asdict(DeviceConfig())
+    result["device_config"] = dataclasses.asdict(config)
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     print(format_result(result))
     for w in sorted(set(result["warnings"]))[:10]:
@@ -764,6 +781,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--keep-netlist", action="store_true",
                    help="keep the mapped netlist (KEEP/netlist.json, hundreds of MB) for tools/logic_depth.py "
                    "after the depth is read (deleted by default)")
+    p.add_argument("--fp32-pipeline", choices=("compact", "deep"), default=None,
+                   help="the engines' FP32 pipelines (hw/config.py fp32_pipeline; default: the device's)")
+    p.add_argument("--lookup-contexts", type=int, default=None, metavar="C",
+                   help="bag contexts per lookup unit (hw/config.py lookup_contexts; default: the device's)")
     p.add_argument("--premap", action="store_true",
                    help="with --blocks: stop before ABC9's LUT mapping and estimate each block's depth there "
                    "(tools/cut_depth.py), naming the RTL nets on its deepest paths; minutes faster, no LUT count")
