@@ -36,7 +36,8 @@ Behaviour, latency, throughput
   to the FMA queue (``fma_queue_depth``) with c = the gradient line itself.
 - FMA front: a window of the two oldest queued occurrences, A (older) and B. A line-step of A
   issues when its row line has arrived, its c is ready and no FMA on the same scratchpad
-  line issued in the L - 1 previous cycles (a result L cycles old is forwarded); else B may
+  line issued in the L - CD - 1 previous cycles (below; a result leaving as the line's
+  next row enters is forwarded); else B may
   issue, unless it updates A's row (one row's updates stay in program order). The issuing
   occurrence's next line goes to group 1 in the same cycle when its operands are ready too
   (lines k and k+1 of a row are in different banks). Occurrences complete in order (a B
