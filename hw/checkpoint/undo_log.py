@@ -110,6 +110,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..common.cxl_mem import LINE_BITS, LINE_BYTES
 from ..mem.arbiter import MemPortArbiter, client_port_signature, connect_port
+from ..mem.port import RequestSource
 from ..ndp.command import MAX_TABLES, TABLE_ID_BITS, AddressFault, NdpError, engine_control_signature
 from ..ndp.element_reader import ElementReader
 from .crc import crc32_data_part, crc32_line, crc32_single_line, crc32_state_part
@@ -244,19 +245,10 @@ class UndoLogEngine(wiring.Component):
         m.d.comb += [take.eq(~out_valid | req.ready), req.valid.eq(out_valid),
                      req.payload.strb.eq(Mux(req.payload.write, Const((1 << LINE_BYTES) - 1, LINE_BYTES), 0))]
 
-        class Source:
-            def __init__(self, name):
-                self.valid = Signal(name=f"{name}_valid")
-                self.ready = Signal(name=f"{name}_ready")
-                self.write = Signal(name=f"{name}_write")
-                self.addr = Signal(A, name=f"{name}_addr")
-                self.data = Signal(LINE_BITS, name=f"{name}_data")
-                self.ctx = Signal(RB, name=f"{name}_ctx")
-
-        src_wr = Source("entry_wr")             # entry payload and group-line writes
-        src_rec = Source("record")              # FREE / LOGGED record writes
-        src_grp = Source("group_flush")         # the last group line, when not full
-        src_rd = Source("row_rd")               # row-line reads
+        src_wr = RequestSource("entry_wr", A, RB)             # entry payload and group-line writes
+        src_rec = RequestSource("record", A, RB)              # FREE / LOGGED record writes
+        src_grp = RequestSource("group_flush", A, RB)         # the last group line, when not full
+        src_rd = RequestSource("row_rd", A, RB)               # row-line reads
         m.d.comb += [src_wr.write.eq(1), src_rec.write.eq(1), src_grp.write.eq(1), src_rd.write.eq(0)]
         granted = Signal()
         g_write = Signal()

@@ -12,6 +12,7 @@ channel, which for one client port is its program order):
 - A write response means the line is in the persistence domain (the media's B response).
 - Responses may come back in any order across lines (``ctx`` tells them apart).
 """
+from amaranth import Signal
 from amaranth.lib import data
 
 from ..common.cxl_mem import LINE_BITS, LINE_BYTES
@@ -51,3 +52,18 @@ def split_line_address(line: int, channels: int) -> tuple[int, int]:
     testbench imports it to find a line in the media models.
     """
     return line % channels, line // channels
+
+
+class RequestSource:
+    """One requester inside a client that merges several into its one memory port (the
+    UPDATE engine, the undo log): ``valid``/``ready`` and the request's ``write``, ``addr``,
+    ``data`` and ``ctx``, as signals named ``<name>_req_<field>``. The client's merge picks
+    among them (fixed priority) into its request register."""
+
+    def __init__(self, name: str, addr_bits: int, ctx_bits: int):
+        self.valid = Signal(name=f"{name}_req_valid")
+        self.ready = Signal(name=f"{name}_req_ready")
+        self.write = Signal(name=f"{name}_req_write")
+        self.addr = Signal(addr_bits, name=f"{name}_req_addr")
+        self.data = Signal(LINE_BITS, name=f"{name}_req_data")
+        self.ctx = Signal(ctx_bits, name=f"{name}_req_ctx")

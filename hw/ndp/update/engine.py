@@ -244,6 +244,7 @@ from ...common.fp32 import ONE, Fp32Fma
 from ...common.fp32_div import Fp32DivInt
 from ...common.ram import BypassRam, LvtRam
 from ...mem.arbiter import client_port_signature
+from ...mem.port import RequestSource
 from ..command import AddressFault, FLOATS_PER_LINE, MAX_TABLES, NdpError, PoolMode, engine_control_signature
 from .datapath import UpdateDatapath, occurrence_layout
 
@@ -396,18 +397,6 @@ class _ElementStream(Elaboratable):
         with m.If(self.start):
             m.d.sync += [remaining.eq(self.count), lane.eq(self.first_lane)]
         return m
-
-
-class _Source:
-    """One requester of the memory port (merged by fixed priority)."""
-
-    def __init__(self, name, addr_bits, ctx_bits):
-        self.valid = Signal(name=f"{name}_req_valid")
-        self.ready = Signal(name=f"{name}_req_ready")
-        self.write = Signal(name=f"{name}_req_write")
-        self.addr = Signal(addr_bits, name=f"{name}_req_addr")
-        self.data = Signal(LINE_BITS, name=f"{name}_req_data")
-        self.ctx = Signal(ctx_bits, name=f"{name}_req_ctx")
 
 
 class Main(enum.IntEnum):
@@ -605,15 +594,15 @@ class UpdateEngine(wiring.Component):
         ]
 
         # ---------------------------------------------------------------- request path --
-        src_look = _Source("look", A, self.ctx_bits)     # row write-backs and fills
-        src_grad = _Source("grad", A, self.ctx_bits)
-        src_idx = _Source("idx", A, self.ctx_bits)
-        src_w = _Source("w", A, self.ctx_bits)
-        src_off = _Source("off", A, self.ctx_bits)
-        src_idx1 = _Source("idx1", A, self.ctx_bits)
-        src_w1 = _Source("w1", A, self.ctx_bits)
-        src_off1 = _Source("off1", A, self.ctx_bits)
-        src_vidx = _Source("vidx", A, self.ctx_bits)
+        src_look = RequestSource("look", A, self.ctx_bits)     # row write-backs and fills
+        src_grad = RequestSource("grad", A, self.ctx_bits)
+        src_idx = RequestSource("idx", A, self.ctx_bits)
+        src_w = RequestSource("w", A, self.ctx_bits)
+        src_off = RequestSource("off", A, self.ctx_bits)
+        src_idx1 = RequestSource("idx1", A, self.ctx_bits)
+        src_w1 = RequestSource("w1", A, self.ctx_bits)
+        src_off1 = RequestSource("off1", A, self.ctx_bits)
+        src_vidx = RequestSource("vidx", A, self.ctx_bits)
         # A reader's ctx: its buffer slot, the lane in the payload's top bit, and below it a
         # bit for validation's index reader.
         assert PB - 2 >= max(r.slot_bits for r in (rd_off, rd_idx, rd_w))
