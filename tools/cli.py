@@ -357,8 +357,10 @@ def main(argv=None) -> int:
     f.add_argument("--op", default="all", choices=["fma", "add", "mul", "div", "all"])
     f.add_argument("--n", type=positive_int, default=1_000_000, help="vectors per operator")
     f.add_argument("--seed", type=seed_int)
-    f.add_argument("--pipeline", default="compact", choices=["compact", "deep"],
-                   help="which pipeline of the units (hw/common/fp32.py): the default, or the deep one")
+    from sim.tb.fp32_campaign import PIPELINES as FP32_PIPELINES
+    f.add_argument("--pipeline", default="compact", choices=FP32_PIPELINES,
+                   help="which pipeline of the units (hw/common/fp32.py): the default, the deep one, or the "
+                        "deep FMA fed its addend two cycles late (deep_late_c, as UPDATE feeds it)")
     f.add_argument("--json", help="write the result here")
     f.set_defaults(func=cmd_fp32)
 
