@@ -24,7 +24,7 @@ Structure
   request per line is in flight: reads are serialized per line, an evict is never
   repeated), and a fill waits while another fill holds its slot.
 - H2D responses and data update the trackers; pulls queue for the data sender; every
-  finished flow goes through one finisher (behind a register slice, one cycle) that fills
+  finished flow goes through one finisher (behind two register slices, two cycles) that fills
   the cache (in the granted state; GO-I/GO-Err lines are used once, not cached), answers
   the port and frees the CQID.
 - ACQUIRE (host -> device bias for a line of the device's own memory): RdOwnNoData,
@@ -435,7 +435,14 @@ class CxlCacheAgent(wiring.Component):
         # to its line back (they wait while a tracker holds the line).
         fin_rec = data.StructLayout({"cqid": nb or 1, "id": 8, "answers": 1, "fills": 1, "error": 1,
                                      "with_data": 1, "state": Mesi})
-        a_c = comp_arb.o.payload
+        # A second slice in front of the tracker reads: the four FIFOs' read and the round
+        # robin end at a flip-flop, so the reads and the finisher's decisions start at one
+        # (14 LUT levels through both in the eighth round's device run). Finishing a flow
+        # one cycle later costs no throughput: 64 trackers cover it.
+        m.submodules.comp_slice = comp_slice = RegisterSlice(nb or 1)
+        wiring.connect(m, comp_arb.o, comp_slice.i)
+        done_q = comp_slice.o
+        a_c = done_q.payload
         m.d.comb += [st_f.addr.eq(a_c), go_f.addr.eq(a_c), er_f.addr.eq(a_c)]
         a_static = static(st_f.data)
         a_flow = a_static.flow
@@ -462,8 +469,8 @@ class CxlCacheAgent(wiring.Component):
             a_rec.with_data.eq(a_flow_in(Flow.RD_SHARED, Flow.RD_OWN, Flow.RD_CURR)),
         ]
         m.submodules.fin_slice = fin_slice = RegisterSlice(fin_rec)
-        m.d.comb += [fin_slice.i.valid.eq(comp_arb.o.valid), fin_slice.i.payload.eq(a_rec),
-                     comp_arb.o.ready.eq(fin_slice.i.ready)]
+        m.d.comb += [fin_slice.i.valid.eq(done_q.valid), fin_slice.i.payload.eq(a_rec),
+                     done_q.ready.eq(fin_slice.i.ready)]
         fin = fin_slice.o
         f = fin.payload
         f_c = f.cqid
