@@ -25,7 +25,8 @@ Behaviour
   Writes to a line are in order because they share AWID 0.
 - After reset the free-ARID list is filled for ``read_ids`` cycles; reads wait for it.
 - Latency through the block: the input FIFO adds 1 cycle; R->rd_rsp and B->wr_rsp are
-  combinational (the ``ctx`` table has an asynchronous read port). A forwarded response
+  combinational (the ``ctx`` table has an asynchronous read port; the head write's ``ctx``
+  is kept in a register). A forwarded response
   takes ``rd_rsp`` ahead of R (R waits that cycle); one is pending at a time.
 - Memories: ``ctx_table`` (read_ids x ctx, LUT RAM) and ``w_data`` (write_depth x 513,
   synchronous read: block RAM or LUT RAM); the outstanding writes' addresses are flip-flops
@@ -199,14 +200,27 @@ class AxiChannelMaster(wiring.Component):
             m.d.comb += [free_ids.w_data.eq(axi.rid), free_ids.w_en.eq(r_fire)]
         m.d.comb += free_ids.r_en.eq(ar_fire)
 
-        # --- B -> wr_rsp, in order
+        # --- B -> wr_rsp, in order. The head write's ctx is a register of its own, so the
+        # response's owner (the port bits of ctx, which the interleaver's per-port merges
+        # decode into their grants and every channel's ``bready``) starts at a flip-flop,
+        # not behind a ``write_depth``-way read of ``w_ctx`` (13 LUT levels from ``w_head``
+        # to another channel's ``bready`` in the eighth round's device run). Its next value
+        # is picked by ``b_fire`` between two reads that do not depend on it.
+        head_ctx = Signal(self.ctx_bits)
         m.d.comb += [
             self.wr_rsp.valid.eq(axi.bvalid),
             self.wr_rsp.payload.error.eq(axi.bresp != AXI_RESP_OKAY),
-            self.wr_rsp.payload.ctx.eq(w_ctx[w_head]),
+            self.wr_rsp.payload.ctx.eq(head_ctx),
             axi.bready.eq(self.wr_rsp.ready),
         ]
         b_fire = axi.bvalid & axi.bready
+        next_head = _wrap_inc(w_head, wdepth)
+        # A write issued now becomes the head when the queue is empty (stay) or when the
+        # head's B leaves now with nothing behind it (advance). A B never arrives in its
+        # write's issue cycle, so the register is right by the time it is used.
+        ctx_stay = Mux(write_issued & (w_tail == w_head), head.ctx, head_ctx)
+        ctx_advance = Mux(write_issued & (w_tail == next_head), head.ctx, w_ctx[next_head])
+        m.d.sync += head_ctx.eq(Mux(b_fire, ctx_advance, ctx_stay))
         m.d.comb += [w_data_wr.addr.eq(w_tail), w_data_wr.data.eq(Cat(head.data, head.poison)),
                      w_data_wr.en.eq(write_issued)]
         with m.If(write_issued):
@@ -225,7 +239,7 @@ class AxiChannelMaster(wiring.Component):
             m.d.sync += [
                 w_live[w_head].eq(0),
                 w_fwd[w_head].eq(0),
-                w_head.eq(_wrap_inc(w_head, wdepth)),
+                w_head.eq(next_head),
             ]
         m.d.sync += w_count.eq(w_count + write_issued - b_fire)
         return m
