@@ -264,14 +264,21 @@ class TrainingCxlDevice(wiring.Component):
             bias.flip_seq.eq(csr.bias_doorbell_seq),
             bias.hdm_base.eq(Cat(csr.hdm_base_lo_addr, csr.hdm_base_hi_addr)),
             bias.query_page.eq(csr.bias_query_page),
-            csr.bias_status_busy.eq(bias.busy), csr.bias_status_error.eq(bias.error),
-            csr.bias_status_done_seq.eq(bias.done_seq),
-            csr.bias_status_query_device.eq(bias.query_device),
             csr.bias_geometry_page_line_bits.eq(cfg.bias_page_line_bits),
             csr.bias_geometry_pages_log2.eq((cfg.bias_pages - 1).bit_length()),
             csr.stat_bias_to_device_inc.eq(bias.events.to_device),
             # Flips to host bias: by a host access (the target) or by CSR (the engine).
             csr.stat_bias_to_host_inc.eq(tgt.events.bias_to_host | bias.events.to_host),
+        ]
+        # BIAS_STATUS is registered, all its fields together (one consistent snapshot, a
+        # cycle old): the query's read of the 64Ki-page table no longer runs on into the
+        # CSR read mux (12 LUT levels, query page -> r_data, in the eighth round's device
+        # run). Software cannot tell: a read issued after a write's B is at least two
+        # cycles after the register changed.
+        m.d.sync += [
+            csr.bias_status_busy.eq(bias.busy), csr.bias_status_error.eq(bias.error),
+            csr.bias_status_done_seq.eq(bias.done_seq),
+            csr.bias_status_query_device.eq(bias.query_device),
         ]
         # Counters and status. The target's and the agent's event pulses reach their counters a
         # cycle later, registered: an event is decided at the end of a deep path (the agent's
