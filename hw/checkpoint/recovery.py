@@ -133,6 +133,8 @@ class RecoveryEngine(wiring.Component):
         rec_i = Signal(3)                  # record line being checked (0..5)
         rvalid = Signal(6)
         rbatch = [Signal(32, name=f"rbatch{i}") for i in range(6)]
+        sel_q = Signal()                        # DECIDE: slot 1's embedding record is the newer
+        msel_q = Signal()                       # DECIDE: slot 1's MLP record is the newer
         rcount = [Signal(32, name=f"rcount{i}") for i in (0, 1)]    # LOGGED records of slot 0, 1
         rlines = [Signal(32, name=f"rlines{i}") for i in (0, 1)]
         k = Signal(32)
@@ -319,12 +321,20 @@ class RecoveryEngine(wiring.Component):
                         m.d.sync += run.eq(run + 1)
                         m.next = "REC_START"
             with m.State("DECIDE"):
+                # Which slot is newer, in a cycle of its own: the batch compares' carry chains
+                # then do not run on through the applied check into the FSM's next state
+                # (12 LUT levels, rbatch2 -> fsm_state, in the eighth round's device run).
                 v0, v1 = rvalid[0], rvalid[2]
-                sel = v1 & (~v0 | (rbatch[2] > rbatch[0]))
+                m0, m1 = rvalid[4], rvalid[5]
+                m.d.sync += [sel_q.eq(v1 & (~v0 | (rbatch[2] > rbatch[0]))),
+                             msel_q.eq(m1 & (~m0 | (rbatch[5] > rbatch[4])))]
+                m.next = "DECIDE_APPLIED"
+            with m.State("DECIDE_APPLIED"):
+                v0, v1 = rvalid[0], rvalid[2]
+                m0, m1 = rvalid[4], rvalid[5]
+                sel, msel = sel_q, msel_q
                 kk = Mux(sel, rbatch[2], rbatch[0])
                 applied = Mux(sel, rvalid[3] & (rbatch[3] == kk), rvalid[1] & (rbatch[1] == kk))
-                m0, m1 = rvalid[4], rvalid[5]
-                msel = m1 & (~m0 | (rbatch[5] > rbatch[4]))
                 m.d.sync += [
                     k.eq(kk),
                     ent_count.eq(Mux(sel, rcount[1], rcount[0])),
