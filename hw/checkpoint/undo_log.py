@@ -81,9 +81,10 @@ re-read in every pass; record writes and entries of abandoned attempts included)
 Pipelining and throughput
 - The offsets and indices arrays are streamed by two ElementReaders (16 lines of prefetch each)
   behind a MemPortArbiter shared with the copy engine (round robin). Dedup takes one index per cycle
-  (set read, compare, insert pipelined over two cycles; the read port is transparent to the insert)
-  plus 2 cycles per table; measured (test_dedup_rate): 3000 indices over 50 rows in 3197 cycles for
-  the whole command. New keys wait in a 16-entry queue for the copy engine (back-pressure).
+  (set read, then compare and insert, then the entry's room and queue push: three stages; the read
+  port is transparent to the insert) plus 3 cycles per table; measured (test_dedup_rate): 3000
+  indices over 50 rows in 3266 cycles for the whole command. New keys wait in a 16-entry queue
+  for the copy engine (back-pressure).
 - Copy engine: a 64-line reorder ring; up to 64 row-line reads are outstanding (``ctx`` names the ring
   slot, so responses may return in any order); payload lines are written in order as they arrive,
   then (every GROUP_ENTRIES entries) the group line. Requests go through one output register: at most
@@ -336,31 +337,46 @@ class UndoLogEngine(wiring.Component):
                 m.d.comb += [free.eq(1), free_way.eq(i)]
         # Entry n = ``entries`` takes place n % GROUP_ENTRIES of group line n // GROUP_ENTRIES;
         # the group's first entry allocates that line in front of its payload.
+        # S1 inserts a new key into its set at once (the read-modify-write loop stays in one
+        # cycle, so the next index's read, transparent to this write, sees it). Whether the
+        # entry fits the slot, the queue push and the FSM's reaction are S2's, a cycle later,
+        # from registers: in S1 the set's compare ran on through the slot-room adder into the
+        # FSM and the index reader's abort (13 LUT levels in the eighth round's device run).
+        # A key S1 inserted for an entry that then does not fit is never used: LOG fails
+        # (LOG_FULL), and a set overflow restarts the pass; both start a new generation.
+        s1_ins = Signal()
+        m.d.comb += s1_ins.eq(s1_valid & ~hit & free)
+        s2_valid = Signal()
+        s2_ins = Signal()                       # S1 inserted the key: a new entry if it fits
+        s2_ovf = Signal()                       # S1 found the set full of other keys
+        s2_key = Signal(key_layout)
+        s2_lines = Signal(5)
+        s2_addr = Signal(A)
+        m.d.sync += [s2_valid.eq(s1_valid), s2_ins.eq(s1_ins), s2_ovf.eq(s1_valid & ~hit & ~free),
+                     s2_key.eq(s1_key), s2_lines.eq(s1_lines), s2_addr.eq(s1_addr)]
         g_first = Signal()
         new_end = Signal(34)
-        m.d.comb += [g_first.eq(entries[:GSB] == 0), new_end.eq(alloc_e + g_first + s1_lines)]
-        s1_ovf = Signal()
-        s1_full = Signal()
-        s1_push = Signal()
-        m.d.comb += [s1_ovf.eq(s1_valid & ~hit & ~free),
-                     s1_full.eq(s1_valid & ~hit & free & (new_end > region.slot_lines)),
-                     s1_push.eq(s1_valid & ~hit & free & (new_end <= region.slot_lines))]
+        m.d.comb += [g_first.eq(entries[:GSB] == 0), new_end.eq(alloc_e + g_first + s2_lines)]
+        s2_full = Signal()
+        s2_push = Signal()
+        m.d.comb += [s2_full.eq(s2_valid & s2_ins & (new_end > region.slot_lines)),
+                     s2_push.eq(s2_valid & s2_ins & (new_end <= region.slot_lines))]
         new_way = Signal(way_layout)
         m.d.comb += [new_way.gen.eq(gen), new_way.key.eq(s1_key)]
         new_entry = Signal(entry_layout)
-        m.d.comb += [new_entry.e.eq(alloc_e + g_first), new_entry.lines.eq(s1_lines),
-                     new_entry.table.eq(s1_key.table), new_entry.row.eq(s1_key.row), new_entry.row_addr.eq(s1_addr),
+        m.d.comb += [new_entry.e.eq(alloc_e + g_first), new_entry.lines.eq(s2_lines),
+                     new_entry.table.eq(s2_key.table), new_entry.row.eq(s2_key.row), new_entry.row_addr.eq(s2_addr),
                      new_entry.gslot.eq(entries[:GSB]),
-                     key_q.w_data.eq(new_entry), key_q.w_en.eq(s1_push)]
+                     key_q.w_data.eq(new_entry), key_q.w_en.eq(s2_push)]
         clr_set = Signal(SB + 1)
         clearing = Signal()
         with m.If(clearing):
             m.d.comb += [set_wp.addr.eq(clr_set[:SB]), set_wp.data.as_value().eq(0), set_wp.en.eq(1)]
         with m.Else():
-            m.d.comb += [set_wp.addr.eq(s1_set), set_wp.en.eq(s1_push)]
+            m.d.comb += [set_wp.addr.eq(s1_set), set_wp.en.eq(s1_ins)]
             for i in range(W):
                 m.d.comb += set_wp.data[i].eq(Mux(free_way == i, new_way, ways[i]))
-        with m.If(s1_push):
+        with m.If(s2_push):
             m.d.sync += [entries.eq(entries + 1), alloc_e.eq(new_end)]
 
         # ------------------------------------------------------------ copy engine --
@@ -486,7 +502,7 @@ class UndoLogEngine(wiring.Component):
 
         def fail(code, info):
             """Stop the array streams; allocated entries finish; done once everything is quiet."""
-            m.d.sync += [err.eq(code), err_info.eq(info), s1_valid.eq(0)]
+            m.d.sync += [err.eq(code), err_info.eq(info), s1_valid.eq(0), s2_valid.eq(0)]
             m.d.comb += [offs.abort.eq(1), idxs.abort.eq(1)]
             m.next = "DRAIN"
 
@@ -580,21 +596,22 @@ class UndoLogEngine(wiring.Component):
                 m.next = "SCAN"
             with m.State("SCAN"):
                 in_part = (index & pmask) == part[:32]
-                room = key_q.level <= self.KEY_QUEUE - 2
-                with m.If(s1_ovf):
+                # room for this index's key: S1's and S2's may still be pushed
+                room = key_q.level <= self.KEY_QUEUE - 3
+                with m.If(s2_valid & s2_ovf):
                     with m.If(p_log == 32):
                         fail(NdpError.LOG_FULL, entries)
                     with m.Else():
-                        m.d.sync += [hard_stop.eq(1), s1_valid.eq(0), p_log.eq(p_log + 1)]
+                        m.d.sync += [hard_stop.eq(1), s1_valid.eq(0), s2_valid.eq(0), p_log.eq(p_log + 1)]
                         m.d.comb += idxs.abort.eq(1)
                         m.next = "RESTART"
-                with m.Elif(s1_full):
+                with m.Elif(s2_full):
                     fail(NdpError.LOG_FULL, entries)
                 with m.Elif(media):
                     fail(NdpError.MEDIA, media_info)
                 with m.Elif(pos == t_end):
                     m.d.sync += s1_valid.eq(0)
-                    with m.If(~s1_valid):
+                    with m.If(~s1_valid & ~s2_valid):
                         with m.If(pos == last):
                             m.next = "PASS_END"
                         with m.Else():
@@ -602,7 +619,10 @@ class UndoLogEngine(wiring.Component):
                             m.next = "TLOAD"
                 with m.Elif(idxs.elems.valid):
                     with m.If(index >= tbl_rows):
-                        fail(NdpError.INDEX_RANGE, pos)
+                        # The indices before it are judged first (S1's in S2 next cycle).
+                        m.d.sync += s1_valid.eq(0)
+                        with m.If(~s1_valid):
+                            fail(NdpError.INDEX_RANGE, pos)
                     with m.Elif(~in_part | room):
                         m.d.comb += idxs.elems.ready.eq(1)
                         m.d.sync += [pos.eq(pos + 1), s1_valid.eq(in_part), s1_key.row.eq(index),
