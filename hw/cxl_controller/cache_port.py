@@ -120,8 +120,10 @@ class CachePortMux(wiring.Component):
 class EngineCachePortMerge(wiring.Component):
     """The NDP engines' clients share ``CachePortMux.engines``: client i uses the ids
     ``ENGINE_ID_BASE + i * span`` .. ``+ span - 1`` (``span`` = 0x40 / clients, a power of two).
-    Requests are merged round-robin (combinational); a response goes back to the client
-    whose id range holds its id."""
+    Each client's requests enter a register slice (a cycle), then are merged round-robin; a
+    response goes back to the client whose id range holds its id. The slices keep one client's
+    request valid out of another client's ready (the MLP log's issue logic ran through the
+    round robin into the lookup units' output FIFOs: 13 LUT levels in the device)."""
 
     def __init__(self, clients: int):
         assert clients >= 1 and (clients & (clients - 1)) == 0 and clients <= ENGINE_ID_BASE
@@ -136,11 +138,14 @@ class EngineCachePortMerge(wiring.Component):
         return ENGINE_ID_BASE + client * self.span
 
     def elaborate(self, platform):
-        from ..common.stream_util import RoundRobinArbiter
+        from ..common.stream_util import RegisterSlice, RoundRobinArbiter
         m = Module()
         m.submodules.arb = arb = RoundRobinArbiter(CacheReq, self.n)
         for i, c in enumerate(self.clients):
-            wiring.connect(m, wiring.flipped(c.req), arb.inputs[i])
+            slice_ = RegisterSlice(CacheReq)
+            m.submodules[f"in{i}_slice"] = slice_
+            wiring.connect(m, wiring.flipped(c.req), slice_.i)
+            wiring.connect(m, slice_.o, arb.inputs[i])
         wiring.connect(m, arb.o, wiring.flipped(self.engines.req))
         rsp = self.engines.rsp
         owner = (rsp.payload.id & (ENGINE_ID_BASE - 1)) // self.span
