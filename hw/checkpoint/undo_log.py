@@ -335,8 +335,6 @@ class UndoLogEngine(wiring.Component):
                 m.d.comb += hit.eq(1)
             with m.If(~cur):
                 m.d.comb += [free.eq(1), free_way.eq(i)]
-        # Entry n = ``entries`` takes place n % GROUP_ENTRIES of group line n // GROUP_ENTRIES;
-        # the group's first entry allocates that line in front of its payload.
         # S1 inserts a new key into its set at once (the read-modify-write loop stays in one
         # cycle, so the next index's read, transparent to this write, sees it). Whether the
         # entry fits the slot, the queue push and the FSM's reaction are S2's, a cycle later,
@@ -354,6 +352,8 @@ class UndoLogEngine(wiring.Component):
         s2_addr = Signal(A)
         m.d.sync += [s2_valid.eq(s1_valid), s2_ins.eq(s1_ins), s2_ovf.eq(s1_valid & ~hit & ~free),
                      s2_key.eq(s1_key), s2_lines.eq(s1_lines), s2_addr.eq(s1_addr)]
+        # Entry n = ``entries`` takes place n % GROUP_ENTRIES of group line n // GROUP_ENTRIES;
+        # the group's first entry allocates that line in front of its payload.
         g_first = Signal()
         new_end = Signal(34)
         m.d.comb += [g_first.eq(entries[:GSB] == 0), new_end.eq(alloc_e + g_first + s2_lines)]

@@ -410,7 +410,8 @@ _MAP = (
                                              "the page stayed in host bias."),
         Field("DONE_SEQ", 8, 8, Access.RO, doc="BIAS_DOORBELL.SEQ of the last flip done."),
         Field("QUERY_DEVICE", 16, 1, Access.RO, doc="Bias of BIAS_QUERY.PAGE: 1 = device."),
-    ), "Bias engine status and page query result."),
+    ), "Bias engine status and page query result: one snapshot of all fields, a cycle old "
+       "(a read issued after a BIAS_DOORBELL or BIAS_QUERY write's response sees that write)."),
     Register("BIAS_QUERY", 0x0CC, (
         Field("PAGE", 0, 24, Access.RW, doc="Page whose bias BIAS_STATUS.QUERY_DEVICE shows."),
     ), "Bias page query."),
